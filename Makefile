@@ -1,0 +1,26 @@
+# The two commands of the README. Both set up .venv/ first (idempotent, seconds when done).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup analyze test lint bench legacy-test
+
+setup:
+	@bash scripts/setup.sh
+
+analyze: setup
+	$(VENV)/bin/tl-geometry analyze $(ARGS)
+
+test: setup
+	$(PY) -m ruff check tl_geometry tests benchmarks
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check tl_geometry tests benchmarks
+
+bench: setup
+	$(PY) benchmarks/bench_stream.py
+
+# HookedTransformer path under TransformerLens 3.9.0, in a second venv with the same torch.
+legacy-test:
+	@TLG_VENV=.venv-tl3 TLG_EXTRA="transformer-lens==3.9.0" bash scripts/setup.sh
+	.venv-tl3/bin/python -m pytest tests -m "not slow" $(PYTEST_ARGS)

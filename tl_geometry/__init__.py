@@ -1,0 +1,20 @@
+"""Geometry of token selection in attention heads, for TransformerLens models.
+
+>>> import tl_geometry as tlg
+>>> model = tlg.load_model("smollm2-135m")   # doctest: +SKIP
+"""
+
+from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
+from .models import load_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LayerAttention",
+    "ModelInfo",
+    "align_value_heads",
+    "describe_model",
+    "load_model",
+    "read_layer",
+    "stream_layers",
+]

@@ -1,0 +1,410 @@
+"""Read attention patterns and value vectors from TransformerLens hook points.
+
+Every TransformerLens version and model-class difference lives here; the metrics see only
+tensors. Two model classes are supported by duck typing on the instance:
+
+* ``HookedTransformer`` (TransformerLens 2.16 - 3.x),
+* ``TransformerBridge`` (TransformerLens 3.x - 4.x).
+
+Both expose ``blocks.{l}.attn.hook_pattern`` ``[batch, head, query, key]`` and
+``blocks.{l}.attn.hook_v`` ``[batch, key, kv_head, d_head]`` (kv heads under GQA/MQA).
+
+Layout convention of every :class:`LayerAttention`: sequences are *left-aligned* — token ``0``
+of the tensors is the first non-pad token of the sequence (the sink, normally BOS) and pads,
+if any, sit at the right. Left-padded batches are re-aligned here, so a sequence gives the same
+tensors whatever its padding side or batch companions.
+
+Example:
+    >>> from tl_geometry.adapters import stream_layers
+    >>> shapes = {}
+    >>> stream_layers(model, tokens, lambda l, att: shapes.setdefault(l, att.pattern.shape))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+__all__ = [
+    "LayerAttention",
+    "ModelInfo",
+    "describe_model",
+    "hook_names",
+    "read_layer",
+    "stream_layers",
+    "align_value_heads",
+]
+
+# Architectures whose value projection has a bias: folding it into b_O changes v_i.
+_VALUE_BIAS_ARCHITECTURES = {
+    "GPT2LMHeadModel", "GPTNeoXForCausalLM", "Qwen2ForCausalLM", "GPTNeoForCausalLM",
+    "GPTJForCausalLM", "OPTForCausalLM", "BloomForCausalLM", "PhiForCausalLM", "NeoForCausalLM",
+    "BertForMaskedLM", "Qwen2MoeForCausalLM",
+}
+
+
+def hook_names(layer: int) -> tuple[str, str]:
+    """TransformerLens names of the pattern and value hooks of ``layer``."""
+    return f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"
+
+
+@dataclass
+class LayerAttention:
+    """Attention of one layer, ready for geometry (float32 or wider, left-aligned).
+
+    Attributes:
+        layer: layer index.
+        pattern: ``[batch, head, query, key]`` post-softmax weights.
+        v: ``[batch, key, head, d_head]`` value vectors aligned to *query* heads
+            (kv head ``h // (n_heads // n_kv_heads)``, i.e. ``repeat_interleave``).
+        key_mask: ``[batch, key]`` True for real (non-pad) tokens.
+        query_mask: ``[batch, query]`` True for real (non-pad) query rows.
+        has_bos: ``[batch]`` True where token 0 is the tokenizer's BOS (the sink).
+        n_kv_heads: number of kv heads the model actually has.
+    """
+
+    layer: int
+    pattern: Float[Tensor, "batch head query key"]
+    v: Float[Tensor, "batch key head d_head"]
+    key_mask: Bool[Tensor, "batch key"]
+    query_mask: Bool[Tensor, "batch query"]
+    has_bos: Bool[Tensor, " batch"]
+    n_kv_heads: int
+
+
+@dataclass
+class ModelInfo:
+    """What the adapters learned about a model instance (recorded with every result)."""
+
+    model_class: str  # "HookedTransformer" | "TransformerBridge"
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    model_name: str
+    transformer_lens_version: str
+    processing: dict[str, Any] = field(default_factory=dict)
+    bos_token_id: int | None = None
+
+
+def _tl_version() -> str:
+    try:
+        return importlib.metadata.version("transformer-lens")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - TL is a dependency
+        return "unknown"
+
+
+_REQUIRED = ("cfg", "run_with_hooks", "hook_dict", "blocks")
+
+
+def _model_class(model: Any) -> str:
+    missing = [name for name in _REQUIRED if not hasattr(model, name)]
+    if missing:
+        raise TypeError(
+            f"{type(model).__name__} is not a TransformerLens model: it lacks {', '.join(missing)}. "
+            "Pass a HookedTransformer (TransformerLens 2.x/3.x) or a TransformerBridge "
+            "(TransformerLens 3.x/4.x), e.g. tl_geometry.load_model('smollm2-135m')."
+        )
+    # The bridge wraps a Hugging Face module; HookedTransformer owns its weights.
+    if hasattr(model, "original_model") or hasattr(model, "adapter") and hasattr(model, "boot_transformers"):
+        return "TransformerBridge"
+    return "HookedTransformer"
+
+
+def _processing(model: Any, model_class: str) -> dict[str, Any]:
+    cfg = model.cfg
+    arch = getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
+    has_value_bias = arch in _VALUE_BIAS_ARCHITECTURES
+    info: dict[str, Any] = {"architecture": arch}
+    if model_class == "TransformerBridge":
+        compat = bool(getattr(model, "compatibility_mode", False))
+        info["compatibility_mode"] = compat
+        # Compatibility mode processes weights the HookedTransformer way (value biases folded).
+        info["value_bias_folded"] = bool(compat and has_value_bias)
+    else:
+        b_v = [getattr(block.attn, "b_V", None) for block in model.blocks]
+        zero_bias = all(b is None or not torch.any(b) for b in b_v)
+        info["value_bias_folded"] = bool(has_value_bias and zero_bias)
+    if info["value_bias_folded"]:
+        warnings.warn(
+            f"{arch} has value biases and this model's weights were processed (fold_value_biases): "
+            "hook_v no longer holds the original value vectors, so geometry differs from the "
+            "unprocessed model. Load with fold_value_biases=False (HookedTransformer) or without "
+            "enable_compatibility_mode() (TransformerBridge) for the paper's v_i.",
+            stacklevel=3,
+        )
+    return info
+
+
+def describe_model(model: Any) -> ModelInfo:
+    """Check that ``model`` is a causal TransformerLens model and describe it.
+
+    Raises:
+        TypeError: not a TransformerLens model (says which attributes are missing).
+        ValueError: a non-causal (bidirectional) model.
+    """
+    model_class = _model_class(model)
+    cfg = model.cfg
+    direction = getattr(cfg, "attention_dir", "causal")
+    if direction != "causal":
+        raise ValueError(
+            f"model attention is {direction!r}: geometric separability is defined over the causal "
+            "sources 0..t of each query. Use a causal (decoder-only) model."
+        )
+    n_heads = int(cfg.n_heads)
+    n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
+    tokenizer = getattr(model, "tokenizer", None)
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    return ModelInfo(
+        model_class=model_class,
+        n_layers=int(cfg.n_layers),
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv),
+        d_head=int(cfg.d_head),
+        model_name=str(getattr(cfg, "model_name", type(model).__name__)),
+        transformer_lens_version=_tl_version(),
+        processing=_processing(model, model_class),
+        bos_token_id=bos,
+    )
+
+
+def align_value_heads(
+    v: Float[Tensor, "batch key kv_head d_head"], n_heads: int
+) -> Float[Tensor, "batch key head d_head"]:
+    """Repeat kv heads so query head ``h`` reads kv head ``h // (n_heads // n_kv_heads)``.
+
+    >>> align_value_heads(torch.zeros(1, 5, 3, 8), 9).shape
+    torch.Size([1, 5, 9, 8])
+    """
+    n_kv = v.shape[2]
+    if n_heads % n_kv:
+        raise ValueError(
+            f"hook_v has {n_kv} kv heads, which does not divide the pattern's {n_heads} query heads; "
+            "pass hook_v and hook_pattern of the same layer and model."
+        )
+    return v if n_kv == n_heads else v.repeat_interleave(n_heads // n_kv, dim=2)
+
+
+def _left_align_index(mask: Bool[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"] | None:
+    """Gather index that moves each row's first real token to position 0 (None if no left pads)."""
+    if bool(mask[:, 0].all()):
+        return None
+    pos = mask.shape[1]
+    first = torch.where(mask.any(1), mask.int().argmax(1), torch.zeros_like(mask[:, 0], dtype=torch.long))
+    return (torch.arange(pos, device=mask.device)[None, :] + first[:, None]) % pos
+
+
+def _check_mask(mask: Tensor, batch: int, pos: int) -> Bool[Tensor, "batch pos"]:
+    if mask.shape != (batch, pos):
+        raise ValueError(
+            f"attention_mask has shape {tuple(mask.shape)}, expected [batch, pos] = {(batch, pos)} "
+            "matching tokens / hook_pattern."
+        )
+    mask = mask.bool()
+    # A real token after a pad on both sides would be neither left nor right padding.
+    starts = mask.int().argmax(1)
+    lengths = mask.sum(1)
+    ar = torch.arange(pos, device=mask.device)[None, :]
+    contiguous = ((ar >= starts[:, None]) & (ar < (starts + lengths)[:, None])) == mask
+    if not bool(contiguous.all()):
+        raise ValueError("attention_mask must mark one contiguous run of real tokens per row (left or right padding).")
+    return mask
+
+
+def _build_layer(
+    layer: int,
+    pattern: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    has_bos: Tensor,
+) -> LayerAttention:
+    if pattern.ndim != 4:
+        raise ValueError(
+            f"hook_pattern of layer {layer} has shape {tuple(pattern.shape)}; expected "
+            "[batch, head, query_pos, key_pos]. Pass blocks.{l}.attn.hook_pattern, not hook_attn_scores/hook_z."
+        )
+    if v.ndim != 4:
+        raise ValueError(
+            f"hook_v of layer {layer} has shape {tuple(v.shape)}; expected [batch, key_pos, kv_head, d_head]."
+        )
+    batch, n_heads, n_q, n_k = pattern.shape
+    if n_q != n_k or v.shape[0] != batch or v.shape[1] != n_k:
+        raise ValueError(
+            f"layer {layer}: hook_pattern {tuple(pattern.shape)} and hook_v {tuple(v.shape)} disagree; "
+            "expected pattern [batch, head, pos, pos] and v [batch, pos, kv_head, d_head] from the same run."
+        )
+    dtype = torch.promote_types(pattern.dtype, torch.float32)
+    pattern = pattern.detach().to(dtype)
+    n_kv = v.shape[2]
+    v = align_value_heads(v.detach().to(dtype), n_heads)
+    mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if mask is None else _check_mask(
+        mask.to(pattern.device), batch, n_k
+    )
+    index = _left_align_index(mask)
+    if index is not None:
+        mask = mask.gather(1, index)
+        rows = index[:, None, :, None].expand(batch, n_heads, n_q, n_k)
+        pattern = pattern.gather(2, rows).gather(3, index[:, None, None, :].expand(batch, n_heads, n_q, n_k))
+        v = v.gather(1, index[:, :, None, None].expand_as(v))
+    return LayerAttention(
+        layer=layer,
+        pattern=pattern,
+        v=v,
+        key_mask=mask,
+        query_mask=mask.clone(),
+        has_bos=has_bos.to(pattern.device),
+        n_kv_heads=n_kv,
+    )
+
+
+def _bos_flags(tokens: Tensor | None, mask: Tensor | None, bos_token_id: int | None, batch: int) -> Tensor:
+    if tokens is None or bos_token_id is None:
+        return torch.ones(batch, dtype=torch.bool)
+    first = torch.zeros(batch, dtype=torch.long, device=tokens.device)
+    if mask is not None:
+        first = mask.bool().int().argmax(1).to(tokens.device)
+    return tokens.gather(1, first[:, None])[:, 0].eq(bos_token_id).cpu()
+
+
+def read_layer(
+    cache: Mapping[str, Tensor],
+    layer: int,
+    *,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    tokens: Int[Tensor, "batch pos"] | None = None,
+    bos_token_id: int | None = None,
+) -> LayerAttention:
+    """Read one layer from an ``ActivationCache`` or a plain dict keyed by hook name.
+
+    Args:
+        cache: holds ``blocks.{layer}.attn.hook_pattern`` and ``blocks.{layer}.attn.hook_v``.
+        layer: layer index.
+        attention_mask: ``[batch, pos]`` 1 for real tokens, 0 for pads (default: no pads).
+        tokens, bos_token_id: when given, ``has_bos`` says whether each sequence starts with BOS;
+            otherwise it is assumed True.
+
+    Example:
+        >>> _, cache = model.run_with_cache(tokens)       # doctest: +SKIP
+        >>> att = read_layer(cache, 3)                    # doctest: +SKIP
+        >>> att.pattern.shape, att.v.shape                # doctest: +SKIP
+        (torch.Size([2, 9, 12, 12]), torch.Size([2, 12, 9, 64]))
+    """
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"layer must be a non-negative int, got {layer!r}.")
+    names = hook_names(layer)
+    missing = [name for name in names if name not in cache]
+    if missing:
+        keys = list(cache.keys()) if hasattr(cache, "keys") else []
+        n_layers = len({k.split(".")[1] for k in keys if k.startswith("blocks.") and k.endswith("hook_pattern")})
+        hint = f" (the cache has hook_pattern for {n_layers} layers)" if n_layers else ""
+        raise KeyError(
+            f"cache lacks {', '.join(missing)}{hint}. Run model.run_with_cache(tokens, names_filter="
+            "lambda n: n.endswith(('hook_pattern', 'hook_v'))) for the layers you need."
+        )
+    pattern, v = cache[names[0]], cache[names[1]]
+    batch = pattern.shape[0]
+    has_bos = _bos_flags(tokens, attention_mask, bos_token_id, batch)
+    return _build_layer(layer, pattern, v, attention_mask, has_bos)
+
+
+def _check_layers(layers: Iterable[int] | None, n_layers: int) -> list[int]:
+    if layers is None:
+        return list(range(n_layers))
+    chosen = sorted({int(layer) for layer in layers})
+    bad = [layer for layer in chosen if not 0 <= layer < n_layers]
+    if bad:
+        raise ValueError(f"layers {bad} are out of range: the model has layers 0..{n_layers - 1}.")
+    if not chosen:
+        raise ValueError("layers is empty: pass None for all layers or a list of layer indices.")
+    return chosen
+
+
+def _check_tokens(tokens: Any) -> Tensor:
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            "tokens must be an integer tensor [batch, pos] (e.g. model.to_tokens(texts)); "
+            f"got {type(tokens).__name__}{'' if not isinstance(tokens, Tensor) else ' of ' + str(tokens.dtype)}."
+        )
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
+    return tokens
+
+
+def stream_layers(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    fn: Callable[[int, LayerAttention], None],
+    *,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    layers: Iterable[int] | None = None,
+    stop_early: bool = True,
+) -> ModelInfo:
+    """Run one forward pass and hand each chosen layer's attention to ``fn``.
+
+    Hooks on ``hook_v`` and ``hook_pattern`` of the chosen layers build a
+    :class:`LayerAttention` as soon as both tensors of a layer exist, call
+    ``fn(layer, attention)``, and keep nothing: peak memory is one layer's attention, never a
+    whole-model cache.
+
+    Args:
+        model: a ``HookedTransformer`` or ``TransformerBridge``.
+        tokens: ``[batch, pos]`` token ids (include BOS: ``model.to_tokens`` does).
+        fn: called once per chosen layer, in layer order.
+        attention_mask: ``[batch, pos]`` 1 for real tokens, 0 for pads (left or right padding);
+            default: no pads.
+        layers: layer indices (default: all).
+        stop_early: stop the forward after the last chosen layer (no logits are needed).
+
+    Returns:
+        The :class:`ModelInfo` of the model (class, sizes, processing mode).
+    """
+    info = describe_model(model)
+    tokens = _check_tokens(tokens)
+    chosen = _check_layers(layers, info.n_layers)
+    batch, pos = tokens.shape
+    if attention_mask is not None:
+        _check_mask(attention_mask, batch, pos)
+    has_bos = _bos_flags(tokens, attention_mask, info.bos_token_id, batch)
+    pending: dict[int, dict[str, Tensor]] = {}
+
+    def make_hook(layer: int, kind: str):
+        def hook(tensor: Tensor, hook=None) -> None:
+            slot = pending.setdefault(layer, {})
+            slot[kind] = tensor
+            if len(slot) == 2:
+                del pending[layer]
+                fn(layer, _build_layer(layer, slot["pattern"], slot["v"], attention_mask, has_bos))
+
+        return hook
+
+    fwd_hooks = []
+    for layer in chosen:
+        pattern_name, v_name = hook_names(layer)
+        for name in (pattern_name, v_name):
+            if name not in model.hook_dict:
+                raise KeyError(f"model has no hook point {name!r}; is this a TransformerLens transformer?")
+        fwd_hooks += [(pattern_name, make_hook(layer, "pattern")), (v_name, make_hook(layer, "v"))]
+    kwargs: dict[str, Any] = {"return_type": None}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask.to(tokens.device)
+    stop_at = chosen[-1] + 1
+    if stop_early and stop_at < info.n_layers:
+        kwargs["stop_at_layer"] = stop_at
+    with torch.inference_mode():
+        model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **kwargs)
+    if pending:
+        raise RuntimeError(
+            f"layers {sorted(pending)} fired only one of hook_pattern / hook_v; this model's attention "
+            "does not expose both hooks (a fused or non-eager attention implementation?). Load it with "
+            "attn_implementation='eager'."
+        )
+    return info
