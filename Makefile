@@ -18,7 +18,7 @@ lint: setup
 	$(PY) -m ruff check tl_geometry tests benchmarks
 
 bench: setup
-	$(PY) benchmarks/bench_stream.py
+	$(PY) -m benchmarks.bench_stream
 
 # HookedTransformer path under TransformerLens 3.9.0, in a second venv with the same torch.
 legacy-test:

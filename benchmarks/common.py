@@ -1,0 +1,67 @@
+"""Shared benchmark helpers: fresh-process runs, RSS sampling and median timing.
+
+Memory on the CPU is measured as the peak resident set size above the baseline taken just
+before the measured call, sampled every 0.2 ms by a thread. Each variant runs in a fresh
+process with glibc told to mmap every block over 64 KiB (``MALLOC_MMAP_THRESHOLD_``), so a freed
+tensor leaves the RSS at once and the samples follow live memory rather than allocator caches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE
+
+
+class PeakRSS:
+    """Context manager: ``.peak`` = highest RSS above the entry baseline, in bytes."""
+
+    def __enter__(self):
+        self.base = rss_bytes()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes() - self.base)
+            time.sleep(0.0002)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes() - self.base)
+
+
+def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_fresh(module: str, *args: str) -> dict:
+    """Run ``python -m module args`` in a fresh process; it prints one JSON line last."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    out = subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
