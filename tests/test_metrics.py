@@ -1,0 +1,252 @@
+"""Separability metrics: agreement with the loop oracle, SPEC §2 facts as properties, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tl_geometry.metrics import inversion_bounds, random_separability, separability
+
+from .oracle import oracle_separability
+
+
+def random_attention(batch, heads, kv, pos, d=4, seed=0, lengths=None, dtype=torch.float64, peaked=1.0):
+    """Causal softmax rows and Gaussian values; pads (beyond `lengths`) masked out of the rows."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = lengths or [pos] * batch
+    key_mask = torch.arange(pos)[None, :] < torch.tensor(lengths)[:, None]
+    scores = torch.randn(batch, heads, pos, pos, generator=g, dtype=dtype) * peaked
+    allowed = torch.ones(pos, pos, dtype=torch.bool).tril()[None, None] & key_mask[:, None, None, :]
+    pattern = scores.masked_fill(~allowed, -torch.inf).softmax(-1).nan_to_num(0.0)
+    v = torch.randn(batch, pos, kv, d, generator=g, dtype=dtype) * (1 + torch.rand(batch, pos, kv, 1, generator=g, dtype=dtype))
+    return pattern, v, key_mask
+
+
+def _compare(fast, ref, positions_mask=None):
+    for name in ("precision", "recall", "f", "margin", "inversions"):
+        got, want = getattr(fast, name), ref[name]
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), name
+        torch.testing.assert_close(got.nan_to_num(-7), want.nan_to_num(-7), atol=1e-9, rtol=1e-9, msg=name)
+    assert torch.equal(fast.sink_selected, ref["sink_selected"].nan_to_num(0).bool())
+
+
+CASES = [
+    # batch, heads, kv, pos, lengths, distance, ranking, queries, exclude_sink
+    (2, 4, 2, 9, None, "euclidean", "attention", "all", False),
+    (2, 4, 1, 7, [7, 4], "euclidean", "contribution", "all", False),   # MQA, right padding
+    (1, 3, 3, 6, None, "cosine", "attention", "all", False),
+    (2, 6, 3, 8, [8, 5], "cosine", "contribution", "last", False),
+    (2, 4, 2, 9, None, "euclidean", "random", "positions", True),
+    (1, 2, 1, 2, None, "euclidean", "attention", "all", False),        # shortest sequence
+    (2, 4, 2, 10, [10, 6], "euclidean", "attention", "last", True),
+    (1, 4, 4, 12, None, "cosine", "random", "all", True),
+]
+
+
+@pytest.mark.parametrize("batch,heads,kv,pos,lengths,distance,ranking,queries,exclude_sink", CASES)
+def test_agrees_with_oracle(batch, heads, kv, pos, lengths, distance, ranking, queries, exclude_sink):
+    pattern, v, mask = random_attention(batch, heads, kv, pos, seed=pos + heads, lengths=lengths)
+    ns = (1, 2, 3, 5, 8)
+    rank_arg = torch.rand(pattern.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) \
+        if ranking == "random" else ranking
+    if queries == "positions":
+        q_arg = torch.tensor([0, 3, pos - 1])
+        positions = [[0, 3, pos - 1]] * batch
+    elif queries == "last":
+        q_arg, positions = "last", [[int(m.sum()) - 1] for m in mask]
+    else:
+        q_arg, positions = "all", None
+    fast = separability(pattern, v, ns, distance=distance, ranking=rank_arg, queries=q_arg,
+                        exclude_sink=exclude_sink, key_mask=mask, query_mask=mask)
+    ref = oracle_separability(pattern, v, ns, distance=distance, ranking=rank_arg, positions=positions,
+                              exclude_sink=exclude_sink, key_mask=mask, query_mask=mask)
+    _compare(fast, ref)
+    assert fast.query_positions.shape == (batch, len(positions[0]) if positions else pos)
+
+
+def test_chunking_over_queries_changes_nothing():
+    pattern, v, _ = random_attention(2, 4, 2, 16, seed=3)
+    whole = separability(pattern, v, (1, 4, 9))
+    chunked = separability(pattern, v, (1, 4, 9), chunk_elements=1)
+    for name in ("precision", "recall", "f", "margin", "inversions"):
+        torch.testing.assert_close(getattr(whole, name), getattr(chunked, name), equal_nan=True, atol=1e-12, rtol=0)
+
+
+def test_float32_agrees_with_oracle_on_generic_input():
+    pattern, v, _ = random_attention(2, 4, 2, 24, seed=11)
+    fast = separability(pattern.float(), v.float(), (1, 2, 4, 8, 16))
+    ref = oracle_separability(pattern, v, (1, 2, 4, 8, 16))
+    agree = (fast.f.double().nan_to_num(-1) - ref["f"].nan_to_num(-1)).abs() < 1e-6
+    assert agree.float().mean() > 0.995  # float32 may flip only near-exact distance ties
+
+
+def test_undefined_entries_are_nan_not_clipped():
+    pattern, v, _ = random_attention(1, 2, 1, 5)
+    sep = separability(pattern, v, (1, 4, 5, 100))
+    # query t has t+1 candidates; N is defined iff N < t+1
+    for t in range(5):
+        for i, n in enumerate((1, 4, 5, 100)):
+            assert bool(sep.defined[0, 0, t, i]) == (n < t + 1)
+    assert torch.isnan(sep.f[:, :, 0]).all()  # query 0 has a single source
+
+
+def test_attention_ties_go_to_lower_position():
+    pattern = torch.zeros(1, 1, 4, 4, dtype=torch.float64)
+    pattern[0, 0] = torch.tensor([[1, 0, 0, 0], [0.5, 0.5, 0, 0], [1 / 3] * 3 + [0], [0.25] * 4], dtype=torch.float64)
+    v = torch.randn(1, 4, 1, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for n in (1, 2, 3):
+        sep = separability(pattern, v, n)
+        ref = oracle_separability(pattern, v, (n,))
+        _compare(sep, ref)
+        assert bool(sep.sink_selected[0, 0, 3, 0])  # position 0 wins every tie
+
+
+# ----- SPEC §2 facts as properties -----------------------------------------------------------
+
+attention_inputs = st.builds(
+    lambda seed, pos, heads, kv_div, peaked, dist: (random_attention(1, heads, heads // kv_div, pos, seed=seed, peaked=peaked), dist),
+    seed=st.integers(0, 10_000), pos=st.integers(2, 10), heads=st.sampled_from([2, 4]),
+    kv_div=st.sampled_from([1, 2]), peaked=st.floats(0.1, 6.0), dist=st.sampled_from(["euclidean", "cosine"]),
+)
+NS = (1, 2, 3, 4, 6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(attention_inputs)
+def test_inversion_certificates_hold(inputs):
+    (pattern, v, _), dist = inputs
+    sep = separability(pattern, v, NS, distance=dist)
+    p_low, r_low = inversion_bounds(sep)
+    ok = sep.defined
+    assert (sep.precision[ok] >= p_low[ok] - 1e-12).all()
+    assert (sep.recall[ok] >= r_low[ok] - 1e-12).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(attention_inputs)
+def test_positive_margin_iff_no_inversion_iff_perfect(inputs):
+    (pattern, v, _), dist = inputs
+    sep = separability(pattern, v, NS, distance=dist)
+    ok = sep.defined
+    margin_pos = sep.margin[ok] > 0
+    no_inv = sep.inversions[ok] == 0
+    perfect = (sep.precision[ok] == 1) & (sep.recall[ok] == 1) & (sep.f[ok] == 1)
+    assert torch.equal(margin_pos, no_inv) and torch.equal(no_inv, perfect)
+
+
+@settings(max_examples=30, deadline=None)
+@given(attention_inputs, st.integers(0, 2**31 - 1))
+def test_euclidean_n1_is_perfect_for_any_ranking(inputs, seed):
+    (pattern, v, _), _ = inputs
+    scores = torch.rand(pattern.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    for ranking in ("attention", "contribution", scores):
+        sep = separability(pattern, v, 1, ranking=ranking)
+        ok = sep.defined
+        assert (sep.precision[ok] == 1).all() and (sep.recall[ok] == 1).all() and (sep.f[ok] == 1).all()
+
+
+def test_cosine_with_zero_aggregate_has_zero_recall():
+    pattern = torch.tensor([[[[1.0, 0, 0], [0.5, 0.5, 0], [0.3, 0.3, 0.4]]]], dtype=torch.float64)
+    v = torch.tensor([[1.0, 0], [-1.0, 0], [0.0, 1.0]], dtype=torch.float64).view(1, 3, 1, 2)
+    sep = separability(pattern, v, 2, distance="cosine", ranking=torch.tensor([[[[0, 0, 0], [0, 0, 0], [2.0, 1.0, 0]]]]))
+    # query 2 selects keys 0 and 1: s_N = 0.3 - 0.3 = 0, every distance is 1
+    assert sep.recall[0, 0, 2, 0] == 0 and sep.f[0, 0, 2, 0] == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(attention_inputs, st.integers(0, 10_000))
+def test_permuting_unselected_sources_changes_nothing(inputs, seed):
+    """Swapping the values (and weights) of two unselected sources leaves P/R/F unchanged."""
+    (pattern, v, _), dist = inputs
+    n = 2
+    t = pattern.shape[2] - 1
+    if t + 1 <= n + 2:
+        return
+    sep = separability(pattern, v, n, distance=dist, queries="last")
+    order = torch.argsort(-pattern[0, 0, t], stable=True)
+    i, j = sorted(order[n:][torch.randperm(t + 1 - n, generator=torch.Generator().manual_seed(seed))[:2]].tolist())
+    if pattern.shape[1] != v.shape[2]:
+        return  # a kv head is shared by several query heads; the swap would change their rows
+    p2, v2 = pattern.clone(), v.clone()
+    p2[0, :, t, [i, j]] = p2[0, :, t, [j, i]]
+    v2[0, [i, j]] = v2[0, [j, i]]
+    sep2 = separability(p2, v2, n, distance=dist, queries="last")
+    same = sep2.precision[0, 0] == sep.precision[0, 0]
+    assert same.all() and (sep2.recall[0, 0] == sep.recall[0, 0]).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(attention_inputs, st.floats(0.01, 100.0))
+def test_scaling_values_changes_nothing(inputs, c):
+    (pattern, v, _), dist = inputs
+    a, b = separability(pattern, v, NS, distance=dist), separability(pattern, v * c, NS, distance=dist)
+    for name in ("precision", "recall", "f"):
+        assert torch.equal(getattr(a, name).nan_to_num(-1), getattr(b, name).nan_to_num(-1))
+
+
+def test_metrics_need_not_be_monotone_in_n():
+    pattern, v, _ = random_attention(4, 4, 2, 24, seed=1)
+    f = separability(pattern, v, tuple(range(1, 20))).f
+    steps = f[..., 1:] - f[..., :-1]
+    assert (steps > 0).any() and (steps < 0).any()
+
+
+# ----- random baseline ---------------------------------------------------------------------
+
+
+def test_random_baseline_is_nested_and_seeded():
+    pattern, v, _ = random_attention(2, 4, 2, 12, seed=2)
+    a = random_separability(pattern, v, (1, 2, 4), repeats=4, generator=torch.Generator().manual_seed(9))
+    b = random_separability(pattern, v, (1, 2, 4), repeats=4, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(a.mean.f.nan_to_num(-1), b.mean.f.nan_to_num(-1))
+    assert a.per_repeat.f.shape == (4, 2, 4, 12, 3)
+    torch.testing.assert_close(a.mean.f, a.per_repeat.f.nanmean(0), equal_nan=True)
+    # Euclidean N=1 random sets are still perfect: each set is scored around its own aggregate
+    ok = a.mean.defined[..., 0]
+    assert (a.mean.f[..., 0][ok] == 1).all()
+
+
+def test_random_repeat_equals_separability_with_that_ranking():
+    pattern, v, _ = random_attention(1, 2, 1, 8, seed=4)
+    gen = torch.Generator().manual_seed(3)
+    rnd = random_separability(pattern, v, (2, 3), repeats=1, generator=torch.Generator().manual_seed(3))
+    scores = torch.rand(pattern.shape, generator=gen)
+    direct = separability(pattern, v, (2, 3), ranking=scores)
+    assert torch.equal(rnd.per_repeat.f[0].nan_to_num(-1), direct.f.nan_to_num(-1))
+
+
+# ----- bad input ---------------------------------------------------------------------------
+
+
+def test_bad_inputs_name_the_problem():
+    pattern, v, _ = random_attention(1, 2, 1, 4)
+    with pytest.raises(ValueError, match="≥ 1"):
+        separability(pattern, v, 0)
+    with pytest.raises(ValueError, match="integers"):
+        separability(pattern, v, 1.5)
+    with pytest.raises(ValueError, match="v has shape"):
+        separability(pattern, v[:, :3], 1)
+    with pytest.raises(ValueError, match="does not divide"):
+        separability(pattern[:, :1].expand(1, 3, 4, 4), torch.randn(1, 4, 2, 4), 1)
+    with pytest.raises(ValueError, match="sum to 1"):
+        separability(pattern * 0.5, v, 1)
+    with pytest.raises(ValueError, match="negative"):
+        bad = pattern.clone()
+        bad[0, 0, 1] = torch.tensor([1.5, -0.5, 0, 0])
+        separability(bad, v, 1)
+    with pytest.raises(ValueError, match="NaN"):
+        bad = pattern.clone()
+        bad[0, 0, 2, 0] = math.nan
+        separability(bad, v, 1)
+    with pytest.raises(ValueError, match="not causal"):
+        separability(torch.full_like(pattern, 0.25), v, 1)
+    with pytest.raises(ValueError, match="distance"):
+        separability(pattern, v, 1, distance="manhattan")
+    with pytest.raises(ValueError, match="queries"):
+        separability(pattern, v, 1, queries="first")
+    with pytest.raises(ValueError, match="0..3"):
+        separability(pattern, v, 1, queries=torch.tensor([4]))

@@ -1,0 +1,381 @@
+"""Geometric precision, recall and F-score of top-N attention selection (SPEC §1-4).
+
+Framework-free: every function here takes raw tensors. For one query ``t`` with visible
+sources ``0..t`` and contributions ``y_i = α[t,i]·v_i``, the top-N set ``S`` under a ranking
+has aggregate ``s_N = Σ_{i∈S} y_i`` and distances ``D_i = d(y_i, s_N)``; then::
+
+    ρ_max = max_{i∈S} D_i      ρ_min = min_{j∉S} D_j
+    P_N = N / (N + #{j∉S : D_j ≤ ρ_max})      R_N = #{i∈S : D_i < ρ_min} / N
+    F_N = 2PR/(P+R) (0 when R = 0)            γ_N = ρ_min − ρ_max
+    GInv_N = Σ_{i∈S} Σ_{j∉S} 1{D_j ≤ D_i}
+
+Speed: distances need only ``‖y_i‖² = α_i²‖v_i‖²``, ``⟨y_i, s_N⟩ = α_i⟨v_i, s_N⟩`` and
+``‖s_N‖²``, so each N costs two skinny matmuls per query chunk (``s_N = (α·1_S) V`` and
+``V s_N``), with the value matrix read per kv head (no GQA copy). Inversions come from one sort
+of the unselected distances and a ``searchsorted``. Nothing loops over heads or queries.
+
+Example:
+    >>> import torch
+    >>> pattern = torch.tensor([[[[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]]]])
+    >>> v = torch.eye(3)[None, :, None, :]          # [batch, key, kv_head, d_head]
+    >>> sep = separability(pattern, v, n=1)
+    >>> sep.f[0, 0, 1:, 0].tolist()                   # Euclidean, N=1: always 1
+    [1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+__all__ = [
+    "Separability",
+    "RandomSeparability",
+    "separability",
+    "random_separability",
+    "inversion_bounds",
+    "query_positions",
+]
+
+_ROW_SUM_TOL = 1e-3
+_COS_EPS = 1e-12
+# Elements of one [batch, head, query-chunk, key] working tensor; bounds peak memory.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass
+class Separability:
+    """Per-query separability of top-N sets. Float fields are ``[batch, head, query, len(n)]``.
+
+    Undefined entries (N ≥ number of candidate sources, pad queries, query 0) are NaN.
+
+    Attributes:
+        n: the N values, in the order of the last axis.
+        precision, recall, f: P_N, R_N, F_N in [0, 1].
+        margin: γ_N = ρ_min − ρ_max (distance units of the chosen metric).
+        inversions: GInv_N (a count, stored as float so that NaN can mark undefined).
+        sink_selected: bool, key 0 is in the top-N set (False where undefined).
+        query_positions: ``[batch, query]`` the query positions of the query axis.
+    """
+
+    n: tuple[int, ...]
+    precision: Float[Tensor, "batch head query n"]
+    recall: Float[Tensor, "batch head query n"]
+    f: Float[Tensor, "batch head query n"]
+    margin: Float[Tensor, "batch head query n"]
+    inversions: Float[Tensor, "batch head query n"]
+    sink_selected: Bool[Tensor, "batch head query n"]
+    query_positions: Int[Tensor, "batch query"]
+
+    @property
+    def defined(self) -> Bool[Tensor, "batch head query n"]:
+        """Where the metrics are defined (1 ≤ N < number of candidate sources)."""
+        return ~torch.isnan(self.precision)
+
+
+@dataclass
+class RandomSeparability:
+    """Random-ranking baseline (SPEC §3): ``per_repeat`` fields ``[repeat, batch, head, query, n]``.
+
+    ``mean`` is a :class:`Separability` averaged over repeats (NaN-aware); its ``sink_selected``
+    is True where the sink was selected in at least half of the repeats.
+    """
+
+    per_repeat: Separability
+    mean: Separability
+
+
+def _as_n_tuple(n: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(n, Tensor):
+        n = n.tolist()
+    values = tuple(n) if isinstance(n, Sequence) and not isinstance(n, str) else (n,)
+    if not values:
+        raise ValueError("n is empty: pass an int or a non-empty sequence of ints ≥ 1.")
+    out = []
+    for value in values:
+        if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"n must be integers ≥ 1; got {value!r} of type {type(value).__name__}.")
+        if value < 1:
+            raise ValueError(f"n must be ≥ 1; got {value}. N counts the selected sources.")
+        out.append(value)
+    return tuple(out)
+
+
+def _check_inputs(pattern: Tensor, v: Tensor) -> None:
+    if not isinstance(pattern, Tensor) or pattern.ndim != 4:
+        raise ValueError(
+            f"pattern must be a tensor [batch, head, query, key]; got shape "
+            f"{tuple(getattr(pattern, 'shape', ()))}."
+        )
+    if not isinstance(v, Tensor) or v.ndim != 4:
+        raise ValueError(f"v must be a tensor [batch, key, kv_head, d_head]; got shape {tuple(getattr(v, 'shape', ()))}.")
+    batch, heads, n_q, n_k = pattern.shape
+    if n_q != n_k:
+        raise ValueError(f"pattern must be square over positions (query = key = sequence); got {n_q} x {n_k}.")
+    if v.shape[0] != batch or v.shape[1] != n_k:
+        raise ValueError(
+            f"v has shape {tuple(v.shape)} but pattern {tuple(pattern.shape)}: v must be "
+            f"[batch={batch}, key={n_k}, kv_head, d_head]."
+        )
+    if heads % v.shape[2]:
+        raise ValueError(f"v has {v.shape[2]} kv heads, which does not divide pattern's {heads} heads.")
+
+
+def _check_distribution(rows: Tensor, valid: Tensor, causal: Tensor) -> None:
+    """Rows of real queries must be causal probability distributions."""
+    bad_value = ~torch.isfinite(rows) & valid[:, None, :, None]
+    if bool(bad_value.any()):
+        raise ValueError("pattern contains NaN or infinite values in real query rows; check the model run (dtype overflow?).")
+    if bool(((rows < 0) & valid[:, None, :, None]).any()):
+        raise ValueError("pattern has negative entries: pass post-softmax hook_pattern, not hook_attn_scores.")
+    future = (rows * ~causal[:, None]).sum(-1)
+    if bool(((future > _ROW_SUM_TOL) & valid[:, None]).any()):
+        raise ValueError("pattern puts weight on future keys: the model is not causal (geometry needs sources 0..t).")
+    sums = rows.sum(-1)
+    off = ((sums - 1).abs() > _ROW_SUM_TOL) & valid[:, None]
+    if bool(off.any()):
+        worst = float((sums - 1).abs().masked_fill(~valid[:, None], 0).max())
+        raise ValueError(
+            f"pattern rows do not sum to 1 (off by up to {worst:.3g}): pass post-softmax hook_pattern, "
+            "and query_mask for pad rows."
+        )
+
+
+def query_positions(
+    query_mask: Bool[Tensor, "batch query"], queries: str | Tensor
+) -> Int[Tensor, "batch q"]:
+    """Query positions selected by ``queries`` (SPEC §4), ``[batch, q]``.
+
+    ``"all"``: every position; ``"last"``: the last real query of each sequence; a 1-D
+    LongTensor: those positions for every sequence.
+
+    >>> query_positions(torch.tensor([[True, True, False]]), "last").tolist()
+    [[1]]
+    """
+    batch, n_q = query_mask.shape
+    device = query_mask.device
+    if isinstance(queries, str):
+        if queries == "all":
+            return torch.arange(n_q, device=device).expand(batch, n_q)
+        if queries == "last":
+            ar = torch.arange(n_q, device=device)
+            last = torch.where(query_mask, ar, -1).amax(1)
+            if bool((last < 0).any()):
+                raise ValueError("a sequence has no real query (all pads): drop empty sequences.")
+            return last[:, None]
+        raise ValueError(f"queries must be 'all', 'last' or a 1-D LongTensor of positions; got {queries!r}.")
+    positions = torch.as_tensor(queries, device=device)
+    if positions.ndim != 1 or positions.is_floating_point() or positions.numel() == 0:
+        raise ValueError("queries as positions must be a non-empty 1-D integer tensor.")
+    if bool(((positions < 0) | (positions >= n_q)).any()):
+        raise ValueError(f"query positions must lie in 0..{n_q - 1}; got {positions.tolist()}.")
+    return positions.long().expand(batch, -1)
+
+
+def _gather_rows(x: Tensor, qpos: Tensor) -> Tensor:
+    """x [batch, head, query, key] → rows at qpos [batch, q] → [batch, head, q, key]."""
+    batch, heads, _, n_k = x.shape
+    index = qpos[:, None, :, None].expand(batch, heads, qpos.shape[1], n_k)
+    return x.gather(2, index)
+
+
+def separability(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    n: int | Sequence[int],
+    *,
+    distance: str = "euclidean",
+    ranking: str | Tensor = "attention",
+    queries: str | Tensor = "all",
+    exclude_sink: bool = False,
+    key_mask: Bool[Tensor, "batch key"] | None = None,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+    chunk_elements: int = _CHUNK_ELEMENTS,
+) -> Separability:
+    """Geometric precision / recall / F-score of the top-N sources of every chosen query.
+
+    Args:
+        pattern: ``[batch, head, query, key]`` post-softmax weights (query = key = sequence).
+        v: ``[batch, key, kv_head, d_head]`` value vectors; ``kv_head`` divides ``head`` and query
+            head ``h`` reads kv head ``h // (head // kv_head)``.
+        n: N or several N values (the last output axis).
+        distance: ``"euclidean"`` (primary) or ``"cosine"`` (``1 − cos``, eps 1e-12).
+        ranking: ``"attention"`` (α), ``"contribution"`` (α‖v‖), or a score tensor shaped like
+            ``pattern`` (higher = selected first). Ties go to the lower position.
+        queries: ``"all"``, ``"last"`` or a 1-D LongTensor of positions.
+        exclude_sink: remove key 0 from the candidate sources.
+        key_mask, query_mask: ``[batch, pos]`` True for real tokens (default: all real).
+        chunk_elements: bound on ``batch·head·query_chunk·key`` per working tensor.
+
+    Returns:
+        :class:`Separability` with ``[batch, head, query, len(n)]`` fields, computed in float32
+        or wider (float64 inputs stay float64).
+    """
+    _check_inputs(pattern, v)
+    ns = _as_n_tuple(n)
+    if distance not in ("euclidean", "cosine"):
+        raise ValueError(f"distance must be 'euclidean' or 'cosine'; got {distance!r}.")
+    batch, heads, n_q, n_k = pattern.shape
+    device = pattern.device
+    dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
+    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=device) if key_mask is None else key_mask.bool()
+    query_mask = torch.ones(batch, n_q, dtype=torch.bool, device=device) if query_mask is None else query_mask.bool()
+    if key_mask.shape != (batch, n_k) or query_mask.shape != (batch, n_q):
+        raise ValueError(f"key_mask and query_mask must be [batch, pos] = {(batch, n_k)}.")
+    if isinstance(ranking, Tensor):
+        if ranking.shape != pattern.shape:
+            raise ValueError(f"a ranking score tensor must have pattern's shape {tuple(pattern.shape)}; got {tuple(ranking.shape)}.")
+    elif ranking not in ("attention", "contribution"):
+        raise ValueError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
+
+    qpos = query_positions(query_mask, queries)
+    n_sel = qpos.shape[1]
+    kv = v.shape[2]
+    group = heads // kv
+    values = v.to(dtype).permute(0, 2, 1, 3)  # [batch, kv, key, d]
+    value_sq = values.pow(2).sum(-1)  # [batch, kv, key]
+    value_norm = value_sq.sqrt()
+
+    out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype, device=device)
+           for name in ("precision", "recall", "f", "margin", "inversions")}
+    sink_selected = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool, device=device)
+
+    chunk = max(1, chunk_elements // max(1, batch * heads * n_k))
+    ar_k = torch.arange(n_k, device=device)
+    for start in range(0, n_sel, chunk):
+        q = qpos[:, start:start + chunk]  # [batch, c]
+        rows = _gather_rows(pattern, q).to(dtype)  # [batch, head, c, key]
+        q_valid = query_mask.gather(1, q)  # [batch, c]
+        causal = ar_k[None, None, :] <= q[:, :, None]  # [batch, c, key]
+        _check_distribution(rows, q_valid, causal)
+        cand = causal & key_mask[:, None, :] & q_valid[:, :, None]
+        if exclude_sink:
+            cand = cand & (ar_k != 0)
+        cand = cand[:, None].expand(batch, heads, -1, n_k)
+        alpha = torch.where(cand, rows, 0.0)
+        if isinstance(ranking, Tensor):
+            score = _gather_rows(ranking, q).to(dtype)
+        elif ranking == "contribution":
+            score = alpha * value_norm.repeat_interleave(group, 1)[:, :, None, :]
+        else:
+            score = alpha
+        score = torch.where(cand, score, -torch.inf)
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(-1, order, ar_k.expand_as(order))
+        n_cand = cand.sum(-1)  # [batch, head, c]
+
+        metrics = _chunk_metrics(alpha, rank, cand, n_cand, values, value_sq, value_norm, ns, group, distance)
+        sl = slice(start, start + q.shape[1])
+        for name, value in metrics.items():
+            if name == "sink_selected":
+                sink_selected[:, :, sl] = value
+            else:
+                out[name][:, :, sl] = value
+    return Separability(n=ns, sink_selected=sink_selected, query_positions=qpos, **out)
+
+
+def _chunk_metrics(alpha, rank, cand, n_cand, values, value_sq, value_norm, ns, group, distance):
+    """All metrics of one query chunk; every tensor is [batch, head, c, key] or reduced from it."""
+    batch, heads, c, n_k = alpha.shape
+    kv = values.shape[1]
+    a5 = alpha.view(batch, kv, group, c, n_k)
+    vsq = value_sq[:, :, None, None, :]
+    results = {name: [] for name in ("precision", "recall", "f", "margin", "inversions", "sink_selected")}
+    for n_value in ns:
+        selected = (rank < n_value) & cand
+        unselected = cand & ~selected
+        defined = n_cand > n_value  # at least one unselected candidate
+        w = torch.where(selected, alpha, 0.0).view(batch, kv, group, c, n_k)
+        agg = torch.einsum("bngqk,bnkd->bngqd", w, values)  # s_N
+        proj = torch.einsum("bngqd,bnkd->bngqk", agg, values)  # <v_k, s_N>
+        agg_sq = agg.pow(2).sum(-1, keepdim=True)
+        dot = a5 * proj  # <y_k, s_N>
+        if distance == "euclidean":
+            dist_sq = (a5.pow(2) * vsq - 2 * dot + agg_sq).clamp_min(0)
+            dist = dist_sq.sqrt().view(batch, heads, c, n_k)
+            if n_value == 1:  # the selected point is the aggregate: exactly 0, not rounding noise
+                dist = torch.where(selected, 0.0, dist)
+        else:
+            norms = a5 * value_norm[:, :, None, None, :] * agg_sq.sqrt()
+            dist = (1 - dot / (norms + _COS_EPS)).view(batch, heads, c, n_k)
+        rho_max = torch.where(selected, dist, -torch.inf).amax(-1, keepdim=True)
+        rho_min = torch.where(unselected, dist, torch.inf).amin(-1, keepdim=True)
+        outside = (unselected & (dist <= rho_max)).sum(-1)
+        inside = (selected & (dist < rho_min)).sum(-1)
+        precision = n_value / (n_value + outside.to(dist.dtype))
+        recall = inside.to(dist.dtype) / n_value
+        f = torch.where(recall > 0, 2 * precision * recall / (precision + recall), 0.0)
+        unsel_sorted = torch.where(unselected, dist, torch.inf).sort(-1).values
+        below = torch.searchsorted(unsel_sorted, dist.contiguous(), right=True)
+        inversions = torch.where(selected, below, 0).sum(-1).to(dist.dtype)
+        margin = (rho_min - rho_max).squeeze(-1)
+        nan = torch.tensor(torch.nan, dtype=dist.dtype, device=dist.device)
+        for name, value in (("precision", precision), ("recall", recall), ("f", f),
+                            ("margin", margin), ("inversions", inversions)):
+            results[name].append(torch.where(defined, value, nan))
+        results["sink_selected"].append(selected[..., 0] & defined)
+    return {name: torch.stack(value, -1) for name, value in results.items()}
+
+
+def random_separability(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    n: int | Sequence[int],
+    *,
+    repeats: int = 16,
+    generator: torch.Generator | None = None,
+    **options,
+) -> RandomSeparability:
+    """Random baseline (SPEC §3): ``repeats`` uniformly random rankings per (sequence, head, query).
+
+    Within a repeat one random order serves every N (nested sets); each random set is scored
+    around its own aggregate. ``options`` are those of :func:`separability` (not ``ranking``).
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> pattern = torch.full((1, 1, 4, 4), 0.25).tril(); pattern /= pattern.sum(-1, keepdim=True)
+    >>> random_separability(pattern, torch.randn(1, 4, 1, 2, generator=g), 1, generator=g).mean.f.shape
+    torch.Size([1, 1, 4, 1])
+    """
+    if "ranking" in options:
+        raise ValueError("random_separability draws its own rankings; do not pass ranking.")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int ≥ 1; got {repeats!r}.")
+    runs = []
+    for _ in range(repeats):
+        device = generator.device if generator is not None else pattern.device
+        scores = torch.rand(pattern.shape, generator=generator, device=device).to(pattern.device)
+        runs.append(separability(pattern, v, n, ranking=scores, **options))
+    stacked = {
+        f.name: torch.stack([getattr(r, f.name) for r in runs])
+        for f in fields(Separability) if f.name not in ("n", "query_positions")
+    }
+    per_repeat = Separability(n=runs[0].n, query_positions=runs[0].query_positions, **stacked)
+    means = {name: value.nanmean(0) for name, value in stacked.items() if name != "sink_selected"}
+    sink = stacked["sink_selected"].float().mean(0) >= 0.5
+    return RandomSeparability(
+        per_repeat=per_repeat,
+        mean=Separability(n=runs[0].n, query_positions=runs[0].query_positions, sink_selected=sink, **means),
+    )
+
+
+def inversion_bounds(sep: Separability) -> tuple[Float[Tensor, "batch head query n"], Float[Tensor, "batch head query n"]]:
+    """The assumption-free certificates of SPEC §2: ``P_N ≥ N/(N+GInv)``, ``R_N ≥ max(0, 1−GInv/N)``.
+
+    Returns ``(precision_lower, recall_lower)`` shaped like ``sep.precision`` (NaN where undefined).
+
+    >>> pattern = torch.tensor([[[[1.0, 0], [0.5, 0.5]]]])
+    >>> v = torch.tensor([1.0, 2.0]).view(1, 2, 1, 1)
+    >>> p_low, r_low = inversion_bounds(separability(pattern, v, 1))
+    >>> p_low[0, 0, 1].tolist(), r_low[0, 0, 1].tolist()
+    ([1.0], [1.0])
+    """
+    n = torch.tensor(sep.n, dtype=sep.inversions.dtype, device=sep.inversions.device)
+    precision_lower = n / (n + sep.inversions)
+    recall_lower = (1 - sep.inversions / n).clamp_min(0)
+    return precision_lower, torch.where(torch.isnan(sep.inversions), torch.nan, recall_lower)
