@@ -207,7 +207,8 @@ def separability(
         n: N or several N values (the last output axis).
         distance: ``"euclidean"`` (primary) or ``"cosine"`` (``1 − cos``, eps 1e-12).
         ranking: ``"attention"`` (α), ``"contribution"`` (α‖v‖), or a score tensor shaped like
-            ``pattern`` (higher = selected first). Ties go to the lower position.
+            ``pattern`` or like the chosen query rows ``[batch, head, q, key]`` (higher = selected
+            first). Ties go to the lower position.
         queries: ``"all"``, ``"last"`` or a 1-D LongTensor of positions.
         exclude_sink: remove key 0 from the candidate sources.
         key_mask, query_mask: ``[batch, pos]`` True for real tokens (default: all real).
@@ -228,14 +229,18 @@ def separability(
     query_mask = torch.ones(batch, n_q, dtype=torch.bool, device=device) if query_mask is None else query_mask.bool()
     if key_mask.shape != (batch, n_k) or query_mask.shape != (batch, n_q):
         raise ValueError(f"key_mask and query_mask must be [batch, pos] = {(batch, n_k)}.")
+    qpos = query_positions(query_mask, queries)
+    n_sel = qpos.shape[1]
     if isinstance(ranking, Tensor):
-        if ranking.shape != pattern.shape:
-            raise ValueError(f"a ranking score tensor must have pattern's shape {tuple(pattern.shape)}; got {tuple(ranking.shape)}.")
+        # Full rows, or only the rows of the chosen queries (cheaper for a random ranking).
+        if ranking.shape not in (pattern.shape, (batch, heads, n_sel, n_k)):
+            raise ValueError(
+                f"a ranking score tensor must be shaped like pattern {tuple(pattern.shape)} or like the chosen "
+                f"query rows {(batch, heads, n_sel, n_k)}; got {tuple(ranking.shape)}."
+            )
     elif ranking not in ("attention", "contribution"):
         raise ValueError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
 
-    qpos = query_positions(query_mask, queries)
-    n_sel = qpos.shape[1]
     kv = v.shape[2]
     group = heads // kv
     values = v.to(dtype).permute(0, 2, 1, 3)  # [batch, kv, key, d]
@@ -260,7 +265,9 @@ def separability(
         cand = cand[:, None].expand(batch, heads, -1, n_k)
         alpha = torch.where(cand, rows, 0.0)
         if isinstance(ranking, Tensor):
-            score = _gather_rows(ranking, q).to(dtype)
+            rows_of_ranking = ranking[:, :, start:start + q.shape[1]] if ranking.shape[2] == n_sel != n_q \
+                else _gather_rows(ranking, q)
+            score = rows_of_ranking.to(dtype)
         elif ranking == "contribution":
             score = alpha * value_norm.repeat_interleave(group, 1)[:, :, None, :]
         else:

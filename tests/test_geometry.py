@@ -1,0 +1,98 @@
+"""Model-level separability: agreement with per-layer metrics, batching/sharding invariance, I/O."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tl_geometry.adapters import read_layer
+from tl_geometry.geometry import GeometryResult, analyze_separability, bootstrap_ci, window_generator
+from tl_geometry.metrics import separability
+
+from .tiny import random_tokens, tiny_bridge
+
+NS = (1, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_bridge(4, 2)
+
+
+def test_result_equals_metrics_on_the_cache(model):
+    tokens = random_tokens(3, 10, seed=5)
+    res = analyze_separability(model, tokens, NS, queries="all", repeats=2, progress=False)
+    _, cache = model.run_with_cache(tokens)
+    for layer in range(model.cfg.n_layers):
+        att = read_layer(cache, layer)
+        top = separability(att.pattern, att.v, NS, queries="all")
+        torch.testing.assert_close(res.per_sequence["f_top"][:, layer], top.f.nanmean(2).float())
+        runs = []
+        for b in range(3):
+            gen = window_generator(0, b, layer)
+            scores = torch.rand(2, 4, 10, 10, generator=gen)
+            runs.append(torch.stack([separability(att.pattern[b:b + 1], att.v[b:b + 1], NS, ranking=scores[r][None]).f
+                                     for r in range(2)]).nanmean(0))
+        torch.testing.assert_close(res.per_sequence["f_random"][:, layer], torch.cat(runs).nanmean(2).float())
+    assert res.mean("gap").shape == (3, 4, 3)
+
+
+def test_batching_and_sharding_do_not_change_the_result(model):
+    tokens = random_tokens(5, 9, seed=6)
+    whole = analyze_separability(model, tokens, NS, repeats=3, batch_size=5, progress=False)
+    ones = analyze_separability(model, tokens, NS, repeats=3, batch_size=1, progress=False)
+    first = analyze_separability(model, tokens[:2], NS, repeats=3, progress=False, window_ids=torch.tensor([0, 1]))
+    rest = analyze_separability(model, tokens[2:], NS, repeats=3, progress=False, window_ids=torch.tensor([2, 3, 4]))
+    merged = rest.merge(first)  # any order
+    for other in (ones, merged):
+        assert torch.equal(other.window_ids, whole.window_ids)
+        for key, value in whole.per_sequence.items():
+            torch.testing.assert_close(other.per_sequence[key], value, equal_nan=True, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="share windows"):
+        first.merge(first)
+
+
+def test_euclidean_n1_top_and_random_are_one(model):
+    res = analyze_separability(model, random_tokens(2, 8), NS, repeats=2, progress=False)
+    assert (res.mean("f_top")[..., 0] == 1).all() and (res.mean("f_random")[..., 0] == 1).all()
+    assert (res.mean("gap")[..., 0] == 0).all()
+
+
+def test_save_load_roundtrip_and_dataframe(model, tmp_path):
+    res = analyze_separability(model, random_tokens(2, 8), NS, repeats=1, progress=False, bootstrap=50)
+    path = tmp_path / "geometry.safetensors"
+    res.save(path)
+    back = GeometryResult.load(path)
+    assert back.n == res.n and back.settings == res.settings
+    for key in res.per_sequence:
+        assert torch.equal(back.per_sequence[key].nan_to_num(-1), res.per_sequence[key].nan_to_num(-1))
+    frame = res.to_dataframe(with_ci=True)
+    assert {"layer", "head", "name", "metric", "n", "value", "ci_low", "ci_high"} <= set(frame.columns)
+    assert len(frame) == 3 * 4 * 3 * 7 and frame["name"].iloc[5] == "L0H1"
+    assert (path.read_bytes()[:8] != b"\x80\x04")  # not a pickle
+
+
+def test_bootstrap_ci_brackets_the_mean_and_collapses_on_constants():
+    values = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
+    bounds = bootstrap_ci(values, replicates=500)
+    mean = values.mean(0)
+    assert ((bounds[:, 0] <= mean) & (mean <= bounds[:, 1])).all()
+    const = bootstrap_ci(torch.full((10, 2), 0.25), replicates=100)
+    torch.testing.assert_close(const, torch.full((2, 2), 0.25))
+    with_nan = torch.tensor([[1.0], [float("nan")], [3.0]])
+    assert torch.isfinite(bootstrap_ci(with_nan, replicates=200)).all()
+
+
+def test_empty_corpus_is_an_error(model):
+    with pytest.raises(ValueError, match="at least one window"):
+        analyze_separability(model, torch.zeros(0, 5, dtype=torch.long), NS, progress=False)
+
+
+@pytest.mark.slow
+def test_real_smollm2_separability(smollm2):
+    tokens = smollm2.to_tokens(["The history of the city begins with a small fishing village on the river.",
+                                "Photosynthesis converts light energy into chemical energy stored in sugar."])
+    res = analyze_separability(smollm2, tokens[:, :12], (1, 2, 4), repeats=4, progress=False)
+    assert res.mean("f_top").shape == (30, 9, 3)
+    assert (res.mean("f_top")[..., 0] == 1).all()
+    assert torch.isfinite(res.mean("gap")).all()

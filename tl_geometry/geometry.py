@@ -1,0 +1,275 @@
+"""Model-level separability: stream a model over windows, aggregate per layer and head.
+
+Averaging order (SPEC §3): random repeats within a query → queries within a sequence →
+sequences. Every result keeps its per-sequence values (``[sequence, layer, head, n]``), so
+results from shards merge into exactly the result of one run, and bootstrap intervals over
+sequences are recomputed from them.
+
+Example:
+    >>> res = analyze_separability(model, tokens, n=(1, 2, 4, 8))   # doctest: +SKIP
+    >>> res.mean("gap").shape                                        # doctest: +SKIP
+    torch.Size([30, 9, 4])
+    >>> res.to_dataframe().head()                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .adapters import LayerAttention, stream_layers
+from .metrics import Separability, separability
+
+__all__ = ["GeometryResult", "analyze_separability", "window_generator", "sequence_means", "bootstrap_ci"]
+
+METRICS = ("precision", "recall", "f")
+SOURCES = ("top", "random")
+
+
+def window_generator(seed: int, window: int, layer: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """Generator seeded by (run seed, window id, layer) only: results do not depend on batching
+    or on how windows are sharded across processes."""
+    digest = hashlib.sha256(f"tl_geometry:{seed}:{window}:{layer}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:7], "little"))
+
+
+def sequence_means(values: Float[Tensor, "batch head query n"]) -> Float[Tensor, "batch head n"]:
+    """Mean over the defined (non-NaN) queries of each sequence; NaN where none is defined."""
+    return values.nanmean(2)
+
+
+def bootstrap_ci(
+    per_sequence: Float[Tensor, "seq ..."], replicates: int = 2000, seed: int = 0, level: float = 0.95
+) -> Float[Tensor, "... 2"]:
+    """Percentile bootstrap over sequences of the NaN-aware mean; ``[..., (low, high)]``.
+
+    Resampling is expressed as multinomial count weights ``W [replicate, seq]``, so every
+    replicate is one matrix product instead of a gather of the whole array.
+    """
+    n_seq = per_sequence.shape[0]
+    flat = per_sequence.reshape(n_seq, -1).double()
+    valid = ~torch.isnan(flat)
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.multinomial(torch.full((n_seq,), 1.0 / n_seq), n_seq * replicates, replacement=True, generator=gen)
+    weights = torch.zeros(replicates, n_seq, dtype=torch.float64)
+    weights.scatter_add_(1, counts.view(replicates, n_seq), torch.ones(replicates, n_seq, dtype=torch.float64))
+    sums = weights @ flat.nan_to_num(0.0)
+    numbers = weights @ valid.double()
+    means = sums / numbers  # NaN where a replicate drew no defined value
+    alpha = (1 - level) / 2
+    bounds = torch.nanquantile(means, torch.tensor([alpha, 1 - alpha], dtype=torch.float64), dim=0)
+    return bounds.T.reshape(*per_sequence.shape[1:], 2).to(per_sequence.dtype)
+
+
+@dataclass
+class GeometryResult:
+    """Separability of a model per layer and head.
+
+    Attributes:
+        n: the N values (last axis of every tensor).
+        per_sequence: ``{"f_top": [seq, layer, head, n], "precision_random": ..., ...}`` — the
+            mean over each sequence's defined queries (NaN if none), for P/R/F of top-N and random.
+        window_ids: ``[seq]`` window index of each sequence (sorted; merging keeps it sorted).
+        settings: how the run was made (model, queries, distance, ranking, repeats, seed, versions).
+    """
+
+    n: tuple[int, ...]
+    per_sequence: dict[str, Float[Tensor, "seq layer head n"]]
+    window_ids: Int[Tensor, " seq"]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return next(iter(self.per_sequence.values())).shape[1]
+
+    @property
+    def n_heads(self) -> int:
+        return next(iter(self.per_sequence.values())).shape[2]
+
+    def _values(self, metric: str) -> Tensor:
+        if metric == "gap":
+            return self.per_sequence["f_top"] - self.per_sequence["f_random"]
+        if metric not in self.per_sequence:
+            raise KeyError(f"unknown metric {metric!r}; have {sorted(self.per_sequence)} and 'gap'.")
+        return self.per_sequence[metric]
+
+    def mean(self, metric: str = "f_top") -> Float[Tensor, "layer head n"]:
+        """Mean over sequences of a metric (``"f_top"``, ``"recall_random"``, ``"gap"``, …)."""
+        return self._values(metric).nanmean(0)
+
+    def ci(self, metric: str = "gap", replicates: int | None = None) -> Float[Tensor, "layer head n 2"]:
+        """95% bootstrap interval over sequences (seeded by the run seed)."""
+        replicates = replicates or int(self.settings.get("bootstrap", 2000))
+        return bootstrap_ci(self._values(metric), replicates, seed=int(self.settings.get("seed", 0)))
+
+    def merge(self, other: GeometryResult) -> GeometryResult:
+        """Combine results over disjoint windows (any split, any order) into one."""
+        if self.n != other.n or self.per_sequence.keys() != other.per_sequence.keys():
+            raise ValueError("cannot merge results computed with different N values or metrics.")
+        ids = torch.cat([self.window_ids, other.window_ids])
+        order = torch.argsort(ids, stable=True)
+        if bool((ids[order][1:] == ids[order][:-1]).any()):
+            raise ValueError("the two results share windows; merge only disjoint shards.")
+        merged = {k: torch.cat([self.per_sequence[k], other.per_sequence[k]])[order] for k in self.per_sequence}
+        return GeometryResult(self.n, merged, ids[order], dict(self.settings))
+
+    def to_dataframe(self, with_ci: bool = False):
+        """Long format: columns ``layer, head, name, metric, n, value`` (means over sequences)."""
+        import pandas as pd
+
+        layers, heads, ns = self.n_layers, self.n_heads, len(self.n)
+        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads), torch.arange(ns))
+        frames = []
+        for metric in [*self.per_sequence, "gap"]:
+            frame = pd.DataFrame({
+                "layer": grid[:, 0].numpy(), "head": grid[:, 1].numpy(),
+                "metric": metric, "n": torch.tensor(self.n)[grid[:, 2]].numpy(),
+                "value": self.mean(metric).reshape(-1).double().numpy(),
+            })
+            if with_ci:
+                bounds = self.ci(metric).reshape(-1, 2).double().numpy()
+                frame["ci_low"], frame["ci_high"] = bounds[:, 0], bounds[:, 1]
+            frames.append(frame)
+        out = pd.concat(frames, ignore_index=True)
+        out.insert(2, "name", "L" + out["layer"].astype(str) + "H" + out["head"].astype(str))
+        return out
+
+    def save(self, path: str | Path) -> None:
+        """Write one safetensors file (tensors) with the settings as JSON metadata. No pickle."""
+        from safetensors.torch import save_file
+
+        tensors = {k: v.contiguous() for k, v in self.per_sequence.items()}
+        tensors["window_ids"] = self.window_ids.contiguous()
+        meta = {"kind": "GeometryResult", "n": json.dumps(list(self.n)), "settings": json.dumps(self.settings)}
+        save_file(tensors, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> GeometryResult:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("kind") != "GeometryResult":
+                raise ValueError(f"{path} does not hold a GeometryResult (kind={meta.get('kind')!r}).")
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        ids = tensors.pop("window_ids")
+        return cls(tuple(json.loads(meta["n"])), tensors, ids, json.loads(meta["settings"]))
+
+
+class SeparabilityAccumulator:
+    """Collects per-sequence means layer by layer during a streamed forward."""
+
+    def __init__(self, n_layers: int, n_heads: int, ns: tuple[int, ...], *, repeats: int, seed: int,
+                 options: dict[str, Any]):
+        self.n_layers, self.n_heads, self.ns = n_layers, n_heads, ns
+        self.repeats, self.seed, self.options = repeats, seed, options
+        self.batches: list[dict[str, Tensor]] = []
+        self.window_ids: list[Tensor] = []
+
+    def start_batch(self, window_ids: Tensor) -> None:
+        batch = len(window_ids)
+        self.window_ids.append(window_ids)
+        self.batches.append({
+            f"{m}_{s}": torch.full((batch, self.n_layers, self.n_heads, len(self.ns)), torch.nan)
+            for s in SOURCES for m in METRICS
+        })
+
+    def random_scores(self, att: LayerAttention, n_queries: int) -> Tensor:
+        """[repeat, batch, head, q, key] uniform scores, one generator per (window, layer)."""
+        batch, heads, _, n_k = att.pattern.shape
+        ids = self.window_ids[-1]
+        draws = [
+            torch.rand(self.repeats, heads, n_queries, n_k, generator=window_generator(self.seed, int(w), att.layer))
+            for w in ids
+        ]
+        return torch.stack(draws, 1).to(att.pattern.device)
+
+    def add_layer(self, att: LayerAttention) -> tuple[Separability, Separability]:
+        opts = dict(self.options, key_mask=att.key_mask, query_mask=att.query_mask)
+        top = separability(att.pattern, att.v, self.ns, **opts)
+        scores = self.random_scores(att, top.query_positions.shape[1]) if self.repeats else None
+        store = self.batches[-1]
+        for metric in METRICS:
+            store[f"{metric}_top"][:, att.layer] = sequence_means(getattr(top, metric)).float().cpu()
+        if scores is not None:
+            opts.pop("ranking")
+            runs = [separability(att.pattern, att.v, self.ns, ranking=scores[r], **opts) for r in range(self.repeats)]
+            for metric in METRICS:
+                per_query = torch.stack([getattr(r, metric) for r in runs]).nanmean(0)
+                store[f"{metric}_random"][:, att.layer] = sequence_means(per_query).float().cpu()
+        return top, scores
+
+    def result(self, settings: dict[str, Any]) -> GeometryResult:
+        if not self.batches:
+            raise ValueError("no sequences were analysed: pass at least one window of tokens.")
+        per_sequence = {k: torch.cat([b[k] for b in self.batches]) for k in self.batches[0]}
+        ids = torch.cat(self.window_ids)
+        order = torch.argsort(ids, stable=True)
+        return GeometryResult(self.ns, {k: v[order] for k, v in per_sequence.items()}, ids[order], settings)
+
+
+def analyze_separability(
+    model: Any,
+    tokens: Int[Tensor, "seq pos"],
+    n: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    *,
+    attention_mask: Int[Tensor, "seq pos"] | None = None,
+    queries: str = "last",
+    distance: str = "euclidean",
+    ranking: str = "attention",
+    exclude_sink: bool = False,
+    repeats: int = 16,
+    seed: int = 0,
+    batch_size: int = 8,
+    window_ids: Int[Tensor, " seq"] | None = None,
+    bootstrap: int = 2000,
+    progress: bool = True,
+) -> GeometryResult:
+    """Stream ``model`` over ``tokens`` and measure top-N vs random separability per layer/head.
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge``.
+        tokens: ``[seq, pos]`` windows (BOS first).
+        n: N values. queries / distance / ranking / exclude_sink: as in :func:`separability`.
+        repeats: random rankings per query (0 skips the baseline).
+        seed: run seed; random rankings are seeded per (seed, window id, layer).
+        batch_size: windows per forward pass.
+        window_ids: global window index of each row (default ``0..seq-1``); shards pass theirs.
+        bootstrap: replicates for :meth:`GeometryResult.ci`.
+        progress: show a tqdm bar per window batch.
+
+    Returns:
+        :class:`GeometryResult` with per-sequence means ``[seq, n_layers, n_heads, len(n)]``.
+    """
+    from tqdm.auto import tqdm
+
+    from .adapters import describe_model
+
+    if tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(tokens.shape)}.")
+    info = describe_model(model)
+    ns = tuple(int(x) for x in (n if isinstance(n, Sequence) else [n]))
+    window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
+    options = {"queries": queries, "distance": distance, "ranking": ranking, "exclude_sink": exclude_sink}
+    acc = SeparabilityAccumulator(info.n_layers, info.n_heads, ns, repeats=repeats, seed=seed, options=options)
+    starts = range(0, tokens.shape[0], batch_size)
+    for start in tqdm(starts, desc="windows", unit="batch", disable=not progress):
+        rows = slice(start, start + batch_size)
+        acc.start_batch(window_ids[rows])
+        mask = None if attention_mask is None else attention_mask[rows]
+        stream_layers(model, tokens[rows], lambda layer, att: acc.add_layer(att), attention_mask=mask)
+    settings = {
+        **options, "n": list(ns), "repeats": repeats, "seed": seed, "bootstrap": bootstrap,
+        "model": info.model_name, "model_class": info.model_class,
+        "transformer_lens": info.transformer_lens_version, "processing": info.processing,
+        "n_windows": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+    }
+    return acc.result(settings)
