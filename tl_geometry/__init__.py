@@ -5,11 +5,19 @@
 """
 
 from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
+from .geometry import GeometryResult, analyze_separability
+from .metrics import Separability, inversion_bounds, random_separability, separability
 from .models import load_model
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GeometryResult",
+    "Separability",
+    "analyze_separability",
+    "inversion_bounds",
+    "random_separability",
+    "separability",
     "LayerAttention",
     "ModelInfo",
     "align_value_heads",

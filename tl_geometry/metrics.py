@@ -44,7 +44,7 @@ __all__ = [
 _ROW_SUM_TOL = 1e-3
 _COS_EPS = 1e-12
 # Elements of one [batch, head, query-chunk, key] working tensor; bounds peak memory.
-_CHUNK_ELEMENTS = 1 << 22
+_CHUNK_ELEMENTS = 1 << 19
 
 
 @dataclass
@@ -252,24 +252,27 @@ def separability(
     sink_selected = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool, device=device)
 
     chunk = max(1, chunk_elements // max(1, batch * heads * n_k))
-    ar_k = torch.arange(n_k, device=device)
+    ar_full = torch.arange(n_k, device=device)
     for start in range(0, n_sel, chunk):
         q = qpos[:, start:start + chunk]  # [batch, c]
         rows = _gather_rows(pattern, q).to(dtype)  # [batch, head, c, key]
         q_valid = query_mask.gather(1, q)  # [batch, c]
-        causal = ar_k[None, None, :] <= q[:, :, None]  # [batch, c, key]
-        _check_distribution(rows, q_valid, causal)
-        cand = causal & key_mask[:, None, :] & q_valid[:, :, None]
+        _check_distribution(rows, q_valid, ar_full[None, None, :] <= q[:, :, None])
+        # Causal queries see keys 0..t only: work on the keys the chunk's latest query can see.
+        k_hi = int(q.max()) + 1
+        ar_k = ar_full[:k_hi]
+        rows = rows[..., :k_hi]
+        cand = (ar_k[None, None, :] <= q[:, :, None]) & key_mask[:, None, :k_hi] & q_valid[:, :, None]
         if exclude_sink:
             cand = cand & (ar_k != 0)
-        cand = cand[:, None].expand(batch, heads, -1, n_k)
+        cand = cand[:, None].expand(batch, heads, -1, k_hi)
         alpha = torch.where(cand, rows, 0.0)
         if isinstance(ranking, Tensor):
             rows_of_ranking = ranking[:, :, start:start + q.shape[1]] if ranking.shape[2] == n_sel != n_q \
                 else _gather_rows(ranking, q)
-            score = rows_of_ranking.to(dtype)
+            score = rows_of_ranking[..., :k_hi].to(dtype)
         elif ranking == "contribution":
-            score = alpha * value_norm.repeat_interleave(group, 1)[:, :, None, :]
+            score = alpha * value_norm[..., :k_hi].repeat_interleave(group, 1)[:, :, None, :]
         else:
             score = alpha
         score = torch.where(cand, score, -torch.inf)
@@ -277,7 +280,8 @@ def separability(
         rank = torch.empty_like(order).scatter_(-1, order, ar_k.expand_as(order))
         n_cand = cand.sum(-1)  # [batch, head, c]
 
-        metrics = _chunk_metrics(alpha, rank, cand, n_cand, values, value_sq, value_norm, ns, group, distance)
+        metrics = _chunk_metrics(alpha, order, rank, cand, n_cand, values[:, :, :k_hi], value_sq[..., :k_hi],
+                                 value_norm[..., :k_hi], ns, group, distance)
         sl = slice(start, start + q.shape[1])
         for name, value in metrics.items():
             if name == "sink_selected":
@@ -287,44 +291,55 @@ def separability(
     return Separability(n=ns, sink_selected=sink_selected, query_positions=qpos, **out)
 
 
-def _chunk_metrics(alpha, rank, cand, n_cand, values, value_sq, value_norm, ns, group, distance):
-    """All metrics of one query chunk; every tensor is [batch, head, c, key] or reduced from it."""
+def _chunk_metrics(alpha, order, rank, cand, n_cand, values, value_sq, value_norm, ns, group, distance):
+    """All metrics of one query chunk; working tensors are [batch, head, c, key].
+
+    Comparisons use squared Euclidean distances (monotone), so only the two radii are square-rooted.
+    The selected distances are gathered through the sort order (N of them), which makes ρ_max,
+    recall and the inversion count cheap: ``GInv = Σ_{j∉S} #{i∈S : D_i ≥ D_j}`` is a
+    ``searchsorted`` of every unselected distance into the N sorted selected ones.
+    """
     batch, heads, c, n_k = alpha.shape
     kv = values.shape[1]
     a5 = alpha.view(batch, kv, group, c, n_k)
-    vsq = value_sq[:, :, None, None, :]
+    if distance == "euclidean":
+        y_sq = (a5.pow(2) * value_sq[:, :, None, None, :]).view(batch, heads, c, n_k)
+    else:
+        y_norm = (a5 * value_norm[:, :, None, None, :]).view(batch, heads, c, n_k)
     results = {name: [] for name in ("precision", "recall", "f", "margin", "inversions", "sink_selected")}
+    nan = torch.tensor(torch.nan, dtype=alpha.dtype, device=alpha.device)
     for n_value in ns:
         selected = (rank < n_value) & cand
         unselected = cand & ~selected
         defined = n_cand > n_value  # at least one unselected candidate
-        w = torch.where(selected, alpha, 0.0).view(batch, kv, group, c, n_k)
+        w = (alpha * selected).view(batch, kv, group, c, n_k)
         agg = torch.einsum("bngqk,bnkd->bngqd", w, values)  # s_N
-        proj = torch.einsum("bngqd,bnkd->bngqk", agg, values)  # <v_k, s_N>
-        agg_sq = agg.pow(2).sum(-1, keepdim=True)
-        dot = a5 * proj  # <y_k, s_N>
+        dot = (torch.einsum("bngqd,bnkd->bngqk", agg, values) * a5).view(batch, heads, c, n_k)  # <y_k, s_N>
+        agg_sq = agg.pow(2).sum(-1).view(batch, heads, c, 1)
         if distance == "euclidean":
-            dist_sq = (a5.pow(2) * vsq - 2 * dot + agg_sq).clamp_min(0)
-            dist = dist_sq.sqrt().view(batch, heads, c, n_k)
-            if n_value == 1:  # the selected point is the aggregate: exactly 0, not rounding noise
-                dist = torch.where(selected, 0.0, dist)
+            dist = (y_sq - 2 * dot + agg_sq).clamp_min_(0)  # squared distance
         else:
-            norms = a5 * value_norm[:, :, None, None, :] * agg_sq.sqrt()
-            dist = (1 - dot / (norms + _COS_EPS)).view(batch, heads, c, n_k)
-        rho_max = torch.where(selected, dist, -torch.inf).amax(-1, keepdim=True)
-        rho_min = torch.where(unselected, dist, torch.inf).amin(-1, keepdim=True)
+            dist = 1 - dot / (y_norm * agg_sq.sqrt() + _COS_EPS)
+        sel_index = order[..., :n_value]
+        sel_dist = dist.gather(-1, sel_index)
+        if distance == "euclidean" and n_value == 1:
+            sel_dist = torch.zeros_like(sel_dist)  # the selected point is the aggregate: exactly 0
+        rho_max = sel_dist.amax(-1, keepdim=True)
+        rho_min = dist.masked_fill(~unselected, torch.inf).amin(-1, keepdim=True)
         outside = (unselected & (dist <= rho_max)).sum(-1)
-        inside = (selected & (dist < rho_min)).sum(-1)
+        inside = (sel_dist < rho_min).sum(-1)
+        sel_sorted = sel_dist.sort(-1).values
+        at_least = n_value - torch.searchsorted(sel_sorted, dist.contiguous(), right=False)
+        inversions = (at_least * unselected).sum(-1).to(dist.dtype)
         precision = n_value / (n_value + outside.to(dist.dtype))
         recall = inside.to(dist.dtype) / n_value
         f = torch.where(recall > 0, 2 * precision * recall / (precision + recall), 0.0)
-        unsel_sorted = torch.where(unselected, dist, torch.inf).sort(-1).values
-        below = torch.searchsorted(unsel_sorted, dist.contiguous(), right=True)
-        inversions = torch.where(selected, below, 0).sum(-1).to(dist.dtype)
-        margin = (rho_min - rho_max).squeeze(-1)
-        nan = torch.tensor(torch.nan, dtype=dist.dtype, device=dist.device)
+        if distance == "euclidean":
+            margin = rho_min.sqrt() - rho_max.sqrt()
+        else:
+            margin = rho_min - rho_max
         for name, value in (("precision", precision), ("recall", recall), ("f", f),
-                            ("margin", margin), ("inversions", inversions)):
+                            ("margin", margin.squeeze(-1)), ("inversions", inversions)):
             results[name].append(torch.where(defined, value, nan))
         results["sink_selected"].append(selected[..., 0] & defined)
     return {name: torch.stack(value, -1) for name, value in results.items()}
