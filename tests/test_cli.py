@@ -13,8 +13,26 @@ def test_unknown_model_is_one_line_error(capsys):
     assert err.count("\n") == 1 and "unknown model 'no-such-model'" in err and "smollm2-135m" in err
 
 
+def test_bad_n_and_unwritable_output_are_one_line_errors(capsys, tmp_path):
+    assert main(["analyze", "--n", "0,2"]) == 2
+    assert "--n values must be integers ≥ 1" in capsys.readouterr().err
+    assert main(["analyze", "--n", "300", "--seq-len", "256"]) == 2
+    assert "out of range" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["analyze", "--out", str(blocker / "run")]) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
 @pytest.mark.slow
-def test_analyze_smoke_prints_every_layer(capsys, smollm2):
-    assert main(["analyze"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("layer ") == 30 and "pattern (1, 9," in out
+def test_analyze_writes_results(capsys, smollm2, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "run"
+    code = main(["analyze", "--windows", "2", "--seq-len", "32", "--n", "1,4", "--repeats", "2",
+                 "--out", str(out), "--quiet"])
+    assert code == 0 and capsys.readouterr().out.strip() == str(out.resolve())
+    heads = pd.read_csv(out / "heads.csv")
+    assert len(heads) == 30 * 9 and {"f_top@1", "f_random@4", "gap@4"} <= set(heads.columns)
+    assert (heads["f_top@1"] == 1).all()
+    assert (out / "geometry.safetensors").is_file() and (out / "summary.csv").is_file()

@@ -1,59 +1,101 @@
 """The ``tl-geometry`` command line.
 
-``tl-geometry analyze`` loads a model and streams its attention layer by layer. Errors are one
-clear line on stderr and exit code 2.
+``tl-geometry analyze`` cuts windows from a corpus, streams the model once over them and
+writes the per-head separability (top-N vs random) into a run folder. Errors are one clear
+line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
 __all__ = ["main"]
-
-DEFAULT_TEXT = (
-    "Attention heads select tokens. Some retrieve the current token, some mix through the sink, "
-    "and some reset to a neighbour. Geometry in value space tells them apart."
-)
 
 
 class CliError(Exception):
     """A user-facing error: printed as one line, exit code 2."""
 
 
+def _parse_n(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise CliError(f"--n must be comma-separated integers, e.g. 1,2,4,8; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise CliError(f"--n values must be integers ≥ 1; got {text!r}")
+    return values
+
+
+def _heads_table(result):
+    """One row per head: layer, head, name, then F_N top-N / random / gap per N."""
+    frame = result.to_dataframe()
+    frame = frame[frame["metric"].isin(["f_top", "f_random", "gap"])]
+    wide = frame.pivot_table(index=["layer", "head", "name"], columns=["metric", "n"], values="value", dropna=False)
+    wide.columns = [f"{metric}@{n}" for metric, n in wide.columns]
+    return wide.reset_index().sort_values(["layer", "head"])
+
+
 def _analyze(args: argparse.Namespace) -> None:
-    from .adapters import stream_layers
+    from .corpus import load_corpus, make_windows
+    from .geometry import analyze_separability
     from .models import BUNDLED_MODELS, load_model
 
     if args.model not in BUNDLED_MODELS and "/" not in args.model:
-        raise CliError(
-            f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name"
-        )
+        raise CliError(f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
+    ns = _parse_n(args.n)
+    if max(ns) >= args.seq_len:
+        raise CliError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: N must be < the number of sources")
+    out = Path(args.out or f"runs/{args.model}-{Path(str(args.corpus)).stem}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".write-test").write_text("")
+        (out / ".write-test").unlink()
+    except OSError as exc:
+        raise CliError(f"output folder {str(out)!r} is not writable ({exc.strerror})") from None
+    say = (lambda *a: None) if args.quiet else print
     start = time.perf_counter()
     model = load_model(args.model)
-    tokens = model.to_tokens([DEFAULT_TEXT])
-    if not args.quiet:
-        print(f"loaded {args.model} in {time.perf_counter() - start:.1f}s; tokens {tuple(tokens.shape)}")
-
-    def show(layer, att):
-        if not args.quiet:
-            print(
-                f"layer {layer:2d}: pattern {tuple(att.pattern.shape)} v {tuple(att.v.shape)} "
-                f"(kv heads {att.n_kv_heads})"
-            )
-
-    info = stream_layers(model, tokens, show)
-    if not args.quiet:
-        print(f"{info.model_class} · TransformerLens {info.transformer_lens_version} · {info.processing}")
+    say(f"loaded {args.model} in {time.perf_counter() - start:.1f}s")
+    windows = make_windows(model, load_corpus(args.corpus), args.seq_len, args.windows, args.seed)
+    say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
+        f"({windows.skipped_documents} documents too short)")
+    result = analyze_separability(
+        model, windows.tokens, ns, queries=args.queries, repeats=args.repeats, seed=args.seed,
+        batch_size=args.batch_size, progress=not args.quiet,
+    )
+    result.settings.update(windows.describe())
+    result.save(out / "geometry.safetensors")
+    _heads_table(result).to_csv(out / "heads.csv", index=False)
+    summary = result.summary()
+    summary.to_csv(out / "summary.csv", index=False)
+    (out / "settings.json").write_text(json.dumps(result.settings, indent=1))
+    say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
+    for row in summary.itertuples():
+        say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
+            f"random {row.f_random:.3f}  gap {row.gap:+.3f} [{row.gap_low:+.3f}, {row.gap_high:+.3f}]")
+    say(f"done in {time.perf_counter() - start:.0f}s; results in {out}/ (heads.csv, summary.csv, geometry.safetensors)")
+    print(out.resolve())
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    analyze = sub.add_parser("analyze", help="analyse a model's attention geometry")
+    analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus")
     analyze.add_argument("--model", default="smollm2-135m")
-    analyze.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    analyze.add_argument("--corpus", default="python-reference", help="offline name, hub name, or .txt/.jsonl path")
+    analyze.add_argument("--windows", type=int, default=64)
+    analyze.add_argument("--seq-len", type=int, default=256)
+    analyze.add_argument("--n", default="1,2,4,8,16,32", help="comma-separated N values")
+    analyze.add_argument("--queries", choices=["last", "all"], default="last")
+    analyze.add_argument("--repeats", type=int, default=16, help="random rankings per query")
+    analyze.add_argument("--batch-size", type=int, default=8)
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--out", default=None, help="run folder (default runs/MODEL-CORPUS)")
+    analyze.add_argument("--quiet", action="store_true", help="print only the result folder")
     analyze.set_defaults(run=_analyze)
     return parser
 

@@ -110,6 +110,21 @@ class GeometryResult:
         replicates = replicates or int(self.settings.get("bootstrap", 2000))
         return bootstrap_ci(self._values(metric), replicates, seed=int(self.settings.get("seed", 0)))
 
+    def summary(self):
+        """Model-wide F_N per N (heads and layers averaged within each sequence, then sequences),
+        top-N vs random and their gap, with 95% bootstrap intervals. A pandas DataFrame."""
+        import pandas as pd
+
+        rows = {}
+        for metric in ("f_top", "f_random", "gap"):
+            per_seq = self._values(metric).nanmean((1, 2))  # [seq, n]
+            bounds = bootstrap_ci(per_seq, int(self.settings.get("bootstrap", 2000)), int(self.settings.get("seed", 0)))
+            rows[metric] = per_seq.nanmean(0)
+            rows[f"{metric}_low"], rows[f"{metric}_high"] = bounds[:, 0], bounds[:, 1]
+        frame = pd.DataFrame({k: v.double().numpy() for k, v in rows.items()})
+        frame.insert(0, "n", list(self.n))
+        return frame
+
     def merge(self, other: GeometryResult) -> GeometryResult:
         """Combine results over disjoint windows (any split, any order) into one."""
         if self.n != other.n or self.per_sequence.keys() != other.per_sequence.keys():

@@ -1,0 +1,173 @@
+"""Corpora and fixed-length windows (SPEC §9).
+
+A corpus is an ordered list of ``(doc_id, text)``. The default needs no network:
+``"python-reference"`` is the Python Language Reference that ships with every CPython as
+``pydoc_data.topics`` (79 documents, ~465k characters of technical English prose with code).
+
+Example:
+    >>> corpus = load_corpus("python-reference")
+    >>> corpus.name, len(corpus.documents) > 50
+    ('python-reference', True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+__all__ = ["Corpus", "Windows", "load_corpus", "make_windows", "OFFLINE_CORPORA"]
+
+OFFLINE_CORPORA = ("python-reference",)
+ONLINE_CORPORA = {"wikitext-103": ("Salesforce/wikitext", "wikitext-103-raw-v1"), "openwebtext": ("Skylion007/openwebtext", None)}
+
+
+@dataclass
+class Corpus:
+    """Named, ordered documents."""
+
+    name: str
+    documents: list[tuple[str, str]]  # (doc_id, text)
+
+
+@dataclass
+class Windows:
+    """``tokens [n_windows, seq_len]``: BOS then ``seq_len − 1`` content tokens of one document."""
+
+    tokens: Int[Tensor, "window pos"]
+    doc_ids: list[str]
+    offsets: list[int]
+    corpus: str
+    seed: int
+    skipped_documents: int  # too short for one window
+
+    def describe(self) -> dict[str, Any]:
+        return {"corpus": self.corpus, "n_windows": int(self.tokens.shape[0]), "seq_len": int(self.tokens.shape[1]),
+                "seed": self.seed, "documents": len(set(self.doc_ids)), "skipped_documents": self.skipped_documents}
+
+
+def _python_reference() -> Corpus:
+    from pydoc_data import topics
+
+    return Corpus("python-reference", [(key, text) for key, text in sorted(topics.topics.items())])
+
+
+def _from_file(path: Path) -> Corpus:
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus file {str(path)!r} does not exist.")
+    if path.suffix == ".jsonl":
+        docs = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                docs.append((str(record.get("id", number)), str(record["text"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{number + 1}: each JSON line needs a 'text' field ({exc}).") from exc
+    elif path.suffix in (".txt", ".md", ""):
+        blocks = [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n")]
+        docs = [(str(i), block) for i, block in enumerate(blocks) if block]
+    else:
+        raise ValueError(f"corpus file {path.name!r}: use a .txt (documents separated by blank lines) or .jsonl (a 'text' field).")
+    return Corpus(path.stem, docs)
+
+
+def _from_hub(name: str) -> Corpus:
+    repo, config = ONLINE_CORPORA[name]
+    try:
+        import datasets
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            f"corpus {name!r} needs the Hugging Face `datasets` package (pip install datasets) and network; "
+            f"offline corpora: {', '.join(OFFLINE_CORPORA)}, or a .txt/.jsonl path."
+        ) from None
+    try:
+        data = datasets.load_dataset(repo, config, split="test" if config else "train", streaming=True)
+        docs = [(str(i), row["text"]) for i, row in zip(range(20_000), data, strict=False) if row["text"].strip()]
+    except Exception as exc:  # offline, hub error, gated dataset
+        raise OSError(
+            f"could not load corpus {name!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            f"Offline, use {', '.join(OFFLINE_CORPORA)} or a .txt/.jsonl file."
+        ) from exc
+    return Corpus(name, docs)
+
+
+def load_corpus(spec: str | Path) -> Corpus:
+    """Load a corpus by name (offline: ``python-reference``; online: ``wikitext-103``,
+    ``openwebtext``) or from a ``.txt`` / ``.jsonl`` path."""
+    if isinstance(spec, str) and spec == "python-reference":
+        corpus = _python_reference()
+    elif isinstance(spec, str) and spec in ONLINE_CORPORA:
+        corpus = _from_hub(spec)
+    elif Path(spec).suffix or Path(spec).exists():
+        corpus = _from_file(Path(spec))
+    else:
+        raise ValueError(
+            f"unknown corpus {str(spec)!r}: use {', '.join(OFFLINE_CORPORA + tuple(ONLINE_CORPORA))} "
+            "or a path to a .txt/.jsonl file."
+        )
+    if not corpus.documents:
+        raise ValueError(f"corpus {corpus.name!r} is empty: it holds no non-blank document.")
+    return corpus
+
+
+def _hash(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little")
+
+
+def make_windows(model_or_tokenizer: Any, corpus: Corpus | str, seq_len: int = 256, n_windows: int = 64,
+                 seed: int = 0) -> Windows:
+    """Cut ``n_windows`` windows of BOS + ``seq_len − 1`` content tokens (SPEC §9).
+
+    Documents are tokenised without special tokens; a document shorter than ``seq_len − 1``
+    tokens is skipped (and counted). Documents are visited in a seeded hashed order, and each
+    window's offset is a seeded hash of (seed, document id, round), so the windows depend only
+    on the corpus, the tokenizer, ``seq_len`` and ``seed``. When there are fewer long-enough
+    documents than windows, further rounds take more windows from the same documents.
+    """
+    tokenizer = getattr(model_or_tokenizer, "tokenizer", model_or_tokenizer)
+    if tokenizer is None or not callable(tokenizer):
+        raise TypeError("make_windows needs a model with a tokenizer, or a Hugging Face tokenizer.")
+    if isinstance(corpus, str | Path):
+        corpus = load_corpus(corpus)
+    if seq_len < 2 or n_windows < 1:
+        raise ValueError(f"need seq_len ≥ 2 and n_windows ≥ 1; got seq_len={seq_len}, n_windows={n_windows}.")
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        raise ValueError("the tokenizer has no BOS token; windows start with BOS (the sink). Set tokenizer.bos_token.")
+    content = seq_len - 1
+    order = sorted(corpus.documents, key=lambda doc: _hash(seed, doc[0]))
+    eligible, skipped = [], 0
+    for doc_id, text in order:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < content:
+            skipped += 1
+        else:
+            eligible.append((doc_id, ids))
+    if not eligible:
+        raise ValueError(
+            f"corpus {corpus.name!r} has no document of at least {content} tokens ({skipped} too short): "
+            "lower --seq-len or use a corpus of longer documents."
+        )
+    rows, doc_ids, offsets, seen = [], [], [], set()
+    for round_ in range(4 * n_windows):
+        for doc_id, ids in eligible:
+            offset = _hash(seed, doc_id, round_) % (len(ids) - content + 1)
+            if (doc_id, offset) in seen:
+                continue
+            seen.add((doc_id, offset))
+            rows.append([bos, *ids[offset:offset + content]])
+            doc_ids.append(doc_id)
+            offsets.append(offset)
+            if len(rows) == n_windows:
+                break
+        if len(rows) == n_windows:
+            break
+    return Windows(torch.tensor(rows, dtype=torch.long), doc_ids, offsets, corpus.name, seed, skipped)
