@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 NS = (1, 2, 4, 8, 16, 32)
+REPEATS = 3
 
 
-def _variant(name: str) -> dict:
+def _variant(name: str, mode: str) -> dict:
     import torch
 
     from benchmarks.bench_stream import _tokens
@@ -38,10 +39,12 @@ def _variant(name: str) -> dict:
                 model, tokens, lambda layer, att: separability(att.pattern, att.v, NS, queries=queries),
                 stop_early=False,
             )
-    call()
-    with PeakRSS() as mem:
-        call()
-    return {"variant": name, "peak_bytes": mem.peak, "seconds": median_time(call, repeats=3, warmup=0)}
+    call()  # warm-up outside the measurement
+    if mode == "memory":
+        with PeakRSS() as mem:
+            call()
+        return {"peak_bytes": mem.peak}
+    return {"seconds": median_time(call, repeats=REPEATS, warmup=0)}
 
 
 def _oracle_speedup() -> dict:
@@ -69,11 +72,15 @@ def _oracle_speedup() -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1:
-        print(json.dumps(_variant(sys.argv[1])))
+        print(json.dumps(_variant(sys.argv[1], sys.argv[2])))
         return
     from benchmarks.common import run_fresh
 
-    rows = {name: run_fresh("benchmarks.bench_separability", name) for name in ("plain", "stream-last", "stream-all")}
+    rows = {
+        name: {**run_fresh("benchmarks.bench_separability", name, "time"),
+               **run_fresh("benchmarks.bench_separability", name, "memory", measure_memory=True)}
+        for name in ("plain", "stream-last", "stream-all")
+    }
     plain = rows["plain"]
     ratios = {
         f"{name}_{kind}_ratio": rows[name][key] / plain[key]

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 BATCH, SEQ = 8, 256
+REPEATS = 5
 
 
 def _tokens(model):
@@ -25,7 +26,7 @@ def _tokens(model):
     return tokens
 
 
-def _variant(name: str) -> dict:
+def _variant(name: str, mode: str) -> dict:
     import torch
 
     from benchmarks.common import PeakRSS, median_time
@@ -41,18 +42,24 @@ def _variant(name: str) -> dict:
         def call():
             return stream_layers(model, tokens, lambda layer, att: None, stop_early=False)
     call()  # warm-up outside the measurement
-    with PeakRSS() as mem:
-        call()
-    return {"variant": name, "peak_bytes": mem.peak, "seconds": median_time(call, repeats=5, warmup=0)}
+    if mode == "memory":
+        with PeakRSS() as mem:
+            call()
+        return {"peak_bytes": mem.peak}
+    return {"seconds": median_time(call, repeats=REPEATS, warmup=0)}
 
 
 def main() -> None:
     if len(sys.argv) > 1:  # child process: one variant
-        print(json.dumps(_variant(sys.argv[1])))
+        print(json.dumps(_variant(sys.argv[1], sys.argv[2])))
         return
     from benchmarks.common import run_fresh
 
-    rows = {name: run_fresh("benchmarks.bench_stream", name) for name in ("plain", "stream")}
+    rows = {
+        name: {**run_fresh("benchmarks.bench_stream", name, "time"),
+               **run_fresh("benchmarks.bench_stream", name, "memory", measure_memory=True)}
+        for name in ("plain", "stream")
+    }
     ratios = {
         "time_ratio": rows["stream"]["seconds"] / rows["plain"]["seconds"],
         "memory_ratio": rows["stream"]["peak_bytes"] / rows["plain"]["peak_bytes"],

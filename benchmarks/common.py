@@ -4,6 +4,7 @@ Memory on the CPU is measured as the peak resident set size above the baseline t
 before the measured call, sampled every 0.2 ms by a thread. Each variant runs in a fresh
 process with glibc told to mmap every block over 64 KiB (``MALLOC_MMAP_THRESHOLD_``), so a freed
 tensor leaves the RSS at once and the samples follow live memory rather than allocator caches.
+That setting slows allocation, so times are measured in other processes with the default allocator.
 """
 
 from __future__ import annotations
@@ -58,9 +59,14 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(times)
 
 
-def run_fresh(module: str, *args: str) -> dict:
-    """Run ``python -m module args`` in a fresh process; it prints one JSON line last."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+def run_fresh(module: str, *args: str, measure_memory: bool = False) -> dict:
+    """Run ``python -m module args`` in a fresh process; it prints one JSON line last.
+
+    Memory runs set the glibc mmap threshold (accurate RSS, slower allocation); timing runs keep
+    the default allocator, so the two are measured in separate processes."""
+    env = dict(os.environ)
+    if measure_memory:
+        env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     out = subprocess.run(
         [sys.executable, "-m", module, *args], env=env, check=True, capture_output=True, text=True
     )

@@ -243,7 +243,7 @@ def separability(
 
     kv = v.shape[2]
     group = heads // kv
-    values = v.to(dtype).permute(0, 2, 1, 3)  # [batch, kv, key, d]
+    values = v.to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
     value_sq = values.pow(2).sum(-1)  # [batch, kv, key]
     value_norm = value_sq.sqrt()
 
@@ -302,6 +302,7 @@ def _chunk_metrics(alpha, order, rank, cand, n_cand, values, value_sq, value_nor
     batch, heads, c, n_k = alpha.shape
     kv = values.shape[1]
     a5 = alpha.view(batch, kv, group, c, n_k)
+    values = values.contiguous()
     if distance == "euclidean":
         y_sq = (a5.pow(2) * value_sq[:, :, None, None, :]).view(batch, heads, c, n_k)
     else:
@@ -312,9 +313,9 @@ def _chunk_metrics(alpha, order, rank, cand, n_cand, values, value_sq, value_nor
         selected = (rank < n_value) & cand
         unselected = cand & ~selected
         defined = n_cand > n_value  # at least one unselected candidate
-        w = (alpha * selected).view(batch, kv, group, c, n_k)
-        agg = torch.einsum("bngqk,bnkd->bngqd", w, values)  # s_N
-        dot = (torch.einsum("bngqd,bnkd->bngqk", agg, values) * a5).view(batch, heads, c, n_k)  # <y_k, s_N>
+        w = (alpha * selected).view(batch, kv, group * c, n_k)
+        agg = w @ values  # s_N: [batch, kv, group·c, d]
+        dot = (agg @ values.transpose(-1, -2)).view(batch, heads, c, n_k) * alpha  # <y_k, s_N>
         agg_sq = agg.pow(2).sum(-1).view(batch, heads, c, 1)
         if distance == "euclidean":
             dist = (y_sq - 2 * dot + agg_sq).clamp_min_(0)  # squared distance
