@@ -127,23 +127,29 @@ def _check_inputs(pattern: Tensor, v: Tensor) -> None:
         raise ValueError(f"v has {v.shape[2]} kv heads, which does not divide pattern's {heads} heads.")
 
 
-def _check_distribution(rows: Tensor, valid: Tensor, causal: Tensor) -> None:
-    """Rows of real queries must be causal probability distributions."""
-    bad_value = ~torch.isfinite(rows) & valid[:, None, :, None]
-    if bool(bad_value.any()):
-        raise ValueError("pattern contains NaN or infinite values in real query rows; check the model run (dtype overflow?).")
-    if bool(((rows < 0) & valid[:, None, :, None]).any()):
-        raise ValueError("pattern has negative entries: pass post-softmax hook_pattern, not hook_attn_scores.")
-    future = (rows * ~causal[:, None]).sum(-1)
-    if bool(((future > _ROW_SUM_TOL) & valid[:, None]).any()):
-        raise ValueError("pattern puts weight on future keys: the model is not causal (geometry needs sources 0..t).")
+def _check_distribution(rows: Tensor, visible_mass: Tensor, valid: Tensor) -> None:
+    """Rows of real queries must be causal probability distributions.
+
+    Uses only row reductions (sum, min, and the mass on visible keys, which the caller has):
+    NaN/inf propagate into the sums, and mass outside the visible keys means a non-causal model.
+    """
+    valid = valid[:, None, :]
     sums = rows.sum(-1)
-    off = ((sums - 1).abs() > _ROW_SUM_TOL) & valid[:, None]
+    if bool((~torch.isfinite(sums) & valid).any()):
+        raise ValueError("pattern contains NaN or infinite values in real query rows; check the model run (dtype overflow?).")
+    if bool(((rows.amin(-1) < 0) & valid).any()):
+        raise ValueError("pattern has negative entries: pass post-softmax hook_pattern, not hook_attn_scores.")
+    off = ((sums - 1).abs() > _ROW_SUM_TOL) & valid
     if bool(off.any()):
-        worst = float((sums - 1).abs().masked_fill(~valid[:, None], 0).max())
+        worst = float((sums - 1).abs().masked_fill(~valid, 0).max())
         raise ValueError(
             f"pattern rows do not sum to 1 (off by up to {worst:.3g}): pass post-softmax hook_pattern, "
             "and query_mask for pad rows."
+        )
+    if bool((((sums - visible_mass) > _ROW_SUM_TOL) & valid).any()):
+        raise ValueError(
+            "pattern puts weight on future (or pad) keys: the model is not causal, or the attention mask "
+            "does not match the run. Geometry needs sources 0..t."
         )
 
 
@@ -255,18 +261,19 @@ def separability(
     ar_full = torch.arange(n_k, device=device)
     for start in range(0, n_sel, chunk):
         q = qpos[:, start:start + chunk]  # [batch, c]
-        rows = _gather_rows(pattern, q).to(dtype)  # [batch, head, c, key]
+        all_rows = isinstance(queries, str) and queries == "all"
+        rows = (pattern[:, :, start:start + chunk] if all_rows else _gather_rows(pattern, q)).to(dtype)
         q_valid = query_mask.gather(1, q)  # [batch, c]
-        _check_distribution(rows, q_valid, ar_full[None, None, :] <= q[:, :, None])
         # Causal queries see keys 0..t only: work on the keys the chunk's latest query can see.
         k_hi = int(q.max()) + 1
         ar_k = ar_full[:k_hi]
-        rows = rows[..., :k_hi]
-        cand = (ar_k[None, None, :] <= q[:, :, None]) & key_mask[:, None, :k_hi] & q_valid[:, :, None]
-        if exclude_sink:
-            cand = cand & (ar_k != 0)
+        visible = (ar_k[None, None, :] <= q[:, :, None]) & key_mask[:, None, :k_hi] & q_valid[:, :, None]
+        cand = visible & (ar_k != 0) if exclude_sink else visible
         cand = cand[:, None].expand(batch, heads, -1, k_hi)
-        alpha = torch.where(cand, rows, 0.0)
+        alpha = torch.where(visible[:, None], rows[..., :k_hi], 0.0)
+        _check_distribution(rows, alpha.sum(-1), q_valid)
+        if exclude_sink:
+            alpha[..., 0] = 0.0
         if isinstance(ranking, Tensor):
             rows_of_ranking = ranking[:, :, start:start + q.shape[1]] if ranking.shape[2] == n_sel != n_q \
                 else _gather_rows(ranking, q)

@@ -182,6 +182,9 @@ def _load_bundled(spec: BundledModel, device, dtype: torch.dtype):
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
     folder = model_cache_path(spec.name)
     with _offline_hub():
         if not _cache_is_valid(folder):
