@@ -69,3 +69,20 @@ def test_real_smollm2_loads_from_cache(smollm2):
     tokens = smollm2.to_tokens(["The capital of France is Paris."])
     loss = smollm2(tokens, return_type="loss").item()
     assert 1.0 < loss < 8.0  # a trained model, not random weights (ln 49152 = 10.8)
+
+
+@pytest.mark.slow
+def test_real_gemma3_loads_and_streams():
+    import torch
+
+    from tl_geometry import load_model, stream_layers
+
+    model = load_model("gemma-3-270m")
+    assert (model.cfg.n_layers, model.cfg.n_heads, model.cfg.n_key_value_heads) == (18, 4, 1)
+    tokens = model.to_tokens(["The capital of France is Paris."])
+    assert 0.5 < model(tokens, return_type="loss").item() < 8.0
+    seen = {}
+    stream_layers(model, tokens, lambda layer, att: seen.setdefault(layer, att), layers=[0, 17])
+    assert seen[17].v.shape == (1, tokens.shape[1], 4, 256) and seen[17].n_kv_heads == 1
+    torch.testing.assert_close(seen[0].pattern.sum(-1), torch.ones(1, 4, tokens.shape[1]))
+    assert bool(seen[0].has_bos.all())

@@ -282,10 +282,11 @@ def separability(
             score = alpha * value_norm[..., :k_hi].repeat_interleave(group, 1)[:, :, None, :]
         else:
             score = alpha
-        score = torch.where(cand, score, -torch.inf)
+        # Non-candidates sort strictly last: candidates' scores are clamped to finite values.
+        score = torch.where(cand, score.clamp_min(torch.finfo(dtype).min), -torch.inf)
         order = torch.sort(score, dim=-1, descending=True, stable=True).indices
         rank = torch.empty_like(order).scatter_(-1, order, ar_k.expand_as(order))
-        n_cand = cand.sum(-1)  # [batch, head, c]
+        n_cand = cand.sum(-1)  # [batch, head, c]; candidates hold ranks 0..n_cand-1
 
         metrics = _chunk_metrics(alpha, order, rank, cand, n_cand, values[:, :, :k_hi], value_sq[..., :k_hi],
                                  value_norm[..., :k_hi], ns, group, distance)
@@ -301,44 +302,48 @@ def separability(
 def _chunk_metrics(alpha, order, rank, cand, n_cand, values, value_sq, value_norm, ns, group, distance):
     """All metrics of one query chunk; working tensors are [batch, head, c, key].
 
-    Comparisons use squared Euclidean distances (monotone), so only the two radii are square-rooted.
-    The selected distances are gathered through the sort order (N of them), which makes ρ_max,
-    recall and the inversion count cheap: ``GInv = Σ_{j∉S} #{i∈S : D_i ≥ D_j}`` is a
-    ``searchsorted`` of every unselected distance into the N sorted selected ones.
+    Few passes over the [.., key] tensors per N: non-candidates carry distance +inf from the
+    start, comparisons use squared Euclidean distances (monotone; only the radii are
+    square-rooted), and the N selected distances are gathered through the sort order. Since
+    every selected source lies within ρ_max, ``#{j∉S: D_j ≤ ρ_max} = #{j: D_j ≤ ρ_max} − N``, and
+    ``GInv = Σ_{j∉S} #{i∈S: D_i ≥ D_j}`` is a searchsorted of all distances into the N sorted
+    selected ones minus the same count over the selected themselves.
     """
     batch, heads, c, n_k = alpha.shape
     kv = values.shape[1]
-    a5 = alpha.view(batch, kv, group, c, n_k)
     values = values.contiguous()
+    noncand = torch.zeros_like(alpha).masked_fill_(~cand, torch.inf)  # +inf on non-candidates
+    a5 = alpha.view(batch, kv, group, c, n_k)
     if distance == "euclidean":
-        y_sq = (a5.pow(2) * value_sq[:, :, None, None, :]).view(batch, heads, c, n_k)
+        base = (a5.pow(2) * value_sq[:, :, None, None, :]).view(batch, heads, c, n_k) + noncand  # ‖y‖² (+inf)
     else:
         y_norm = (a5 * value_norm[:, :, None, None, :]).view(batch, heads, c, n_k)
     results = {name: [] for name in ("precision", "recall", "f", "margin", "inversions", "sink_selected")}
     nan = torch.tensor(torch.nan, dtype=alpha.dtype, device=alpha.device)
     for n_value in ns:
-        selected = (rank < n_value) & cand
-        unselected = cand & ~selected
+        selected = rank < n_value  # non-candidates rank after every candidate
         defined = n_cand > n_value  # at least one unselected candidate
-        w = (alpha * selected).view(batch, kv, group * c, n_k)
+        w = torch.where(selected, alpha, 0.0).view(batch, kv, group * c, n_k)
         agg = w @ values  # s_N: [batch, kv, group·c, d]
-        dot = (agg @ values.transpose(-1, -2)).view(batch, heads, c, n_k) * alpha  # <y_k, s_N>
+        proj = (agg @ values.transpose(-1, -2)).view(batch, heads, c, n_k)  # <v_k, s_N>
         agg_sq = agg.pow(2).sum(-1).view(batch, heads, c, 1)
-        if distance == "euclidean":
-            dist = (y_sq - 2 * dot + agg_sq).clamp_min_(0)  # squared distance
+        if distance == "euclidean":  # squared distance ‖y‖² − 2α<v, s> + ‖s‖²
+            dist = torch.addcmul(base + agg_sq, proj, alpha, value=-2).clamp_min_(0)
         else:
-            dist = 1 - dot / (y_norm * agg_sq.sqrt() + _COS_EPS)
-        sel_index = order[..., :n_value]
-        sel_dist = dist.gather(-1, sel_index)
+            dist = 1 - proj * alpha / (y_norm * agg_sq.sqrt() + _COS_EPS) + noncand
         if distance == "euclidean" and n_value == 1:
-            sel_dist = torch.zeros_like(sel_dist)  # the selected point is the aggregate: exactly 0
+            dist.masked_fill_(selected, 0.0)  # the selected point is the aggregate: exactly 0
+        sel_dist = dist.gather(-1, order[..., :n_value])
         rho_max = sel_dist.amax(-1, keepdim=True)
-        rho_min = dist.masked_fill(~unselected, torch.inf).amin(-1, keepdim=True)
-        outside = (unselected & (dist <= rho_max)).sum(-1)
+        rho_min = dist.masked_fill(selected, torch.inf).amin(-1, keepdim=True)
+        outside = (dist <= rho_max).sum(-1) - n_value
         inside = (sel_dist < rho_min).sum(-1)
         sel_sorted = sel_dist.sort(-1).values
-        at_least = n_value - torch.searchsorted(sel_sorted, dist.contiguous(), right=False)
-        inversions = (at_least * unselected).sum(-1).to(dist.dtype)
+        # #{i∈S: D_i ≥ D_j} = N − #{i∈S: D_i < D_j}; a non-candidate (+inf) has all N below it.
+        below_all = torch.searchsorted(sel_sorted, dist, right=False).sum(-1)
+        below_sel = torch.searchsorted(sel_sorted, sel_sorted, right=False).sum(-1)
+        below_unsel = below_all - below_sel - n_value * (n_k - n_cand)
+        inversions = (n_value * (n_cand - n_value) - below_unsel).to(dist.dtype)
         precision = n_value / (n_value + outside.to(dist.dtype))
         recall = inside.to(dist.dtype) / n_value
         f = torch.where(recall > 0, 2 * precision * recall / (precision + recall), 0.0)

@@ -181,7 +181,6 @@ def _build_cache(spec: BundledModel, folder: Path) -> None:
 def _load_bundled(spec: BundledModel, device, dtype: torch.dtype):
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
