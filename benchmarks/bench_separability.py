@@ -55,7 +55,7 @@ def _oracle_speedup() -> dict:
     from tl_geometry import separability
 
     gen = torch.Generator().manual_seed(0)
-    batch, heads, kv, pos = 1, 3, 1, 64
+    batch, heads, kv, pos = 1, 3, 1, 128
     scores = torch.randn(batch, heads, pos, pos, generator=gen).masked_fill(
         ~torch.ones(pos, pos, dtype=torch.bool).tril(), -torch.inf)
     pattern, v = scores.softmax(-1), torch.randn(batch, pos, kv, 64, generator=gen)

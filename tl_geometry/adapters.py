@@ -113,7 +113,7 @@ def _model_class(model: Any) -> str:
             "(TransformerLens 3.x/4.x), e.g. tl_geometry.load_model('smollm2-135m')."
         )
     # The bridge wraps a Hugging Face module; HookedTransformer owns its weights.
-    if hasattr(model, "original_model") or hasattr(model, "adapter") and hasattr(model, "boot_transformers"):
+    if hasattr(model, "original_model") or (hasattr(model, "adapter") and hasattr(model, "boot_transformers")):
         return "TransformerBridge"
     return "HookedTransformer"
 

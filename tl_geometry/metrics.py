@@ -43,6 +43,7 @@ __all__ = [
 
 _ROW_SUM_TOL = 1e-3
 _COS_EPS = 1e-12
+_COMPARE_BELOW_N = 4
 # Elements of one [batch, head, query-chunk, key] working tensor; bounds peak memory.
 _CHUNK_ELEMENTS = 1 << 19
 
@@ -340,7 +341,10 @@ def _chunk_metrics(alpha, order, rank, cand, n_cand, values, value_sq, value_nor
         inside = (sel_dist < rho_min).sum(-1)
         sel_sorted = sel_dist.sort(-1).values
         # #{i∈S: D_i ≥ D_j} = N − #{i∈S: D_i < D_j}; a non-candidate (+inf) has all N below it.
-        below_all = torch.searchsorted(sel_sorted, dist, right=False).sum(-1)
+        if n_value <= _COMPARE_BELOW_N:  # a few broadcast comparisons beat a binary search
+            below_all = sum((sel_sorted[..., i:i + 1] < dist).sum(-1) for i in range(sel_sorted.shape[-1]))
+        else:
+            below_all = torch.searchsorted(sel_sorted, dist, right=False).sum(-1)
         below_sel = torch.searchsorted(sel_sorted, sel_sorted, right=False).sum(-1)
         below_unsel = below_all - below_sel - n_value * (n_k - n_cand)
         inversions = (n_value * (n_cand - n_value) - below_unsel).to(dist.dtype)
