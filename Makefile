@@ -19,6 +19,7 @@ lint: setup
 
 bench: setup
 	$(PY) -m benchmarks.bench_stream
+	$(PY) -m benchmarks.bench_separability
 
 # HookedTransformer path under TransformerLens 3.9.0, in a second venv with the same torch.
 legacy-test:

@@ -19,32 +19,13 @@ REPEATS = 3
 
 
 def _variant(name: str, mode: str) -> dict:
-    import torch
+    from benchmarks.common import plain_or_streamed
+    from tl_geometry import separability
 
-    from benchmarks.bench_stream import _tokens
-    from benchmarks.common import PeakRSS, median_time
-    from tl_geometry import load_model, separability, stream_layers
-
-    torch.set_grad_enabled(False)
-    model = load_model("smollm2-135m")
-    tokens = _tokens(model)
-    if name == "plain":
-        def call():
-            return model(tokens, return_type=None)
-    else:
-        queries = name.split("-")[1]
-
-        def call():
-            return stream_layers(
-                model, tokens, lambda layer, att: separability(att.pattern, att.v, NS, queries=queries),
-                stop_early=False,
-            )
-    call()  # warm-up outside the measurement
-    if mode == "memory":
-        with PeakRSS() as mem:
-            call()
-        return {"peak_bytes": mem.peak}
-    return {"seconds": median_time(call, repeats=REPEATS, warmup=0)}
+    queries = name.split("-")[-1]
+    return plain_or_streamed(
+        name, mode, REPEATS, lambda layer, att: separability(att.pattern, att.v, NS, queries=queries)
+    )
 
 
 def _oracle_speedup() -> dict:

@@ -13,47 +13,20 @@ import json
 import sys
 from pathlib import Path
 
-BATCH, SEQ = 8, 256
 REPEATS = 5
 
 
-def _tokens(model):
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(100, model.cfg.d_vocab - 100, (BATCH, SEQ), generator=gen)
-    tokens[:, 0] = model.tokenizer.bos_token_id
-    return tokens
-
-
 def _variant(name: str, mode: str) -> dict:
-    import torch
+    from benchmarks.common import plain_or_streamed
 
-    from benchmarks.common import PeakRSS, median_time
-    from tl_geometry import load_model, stream_layers
-
-    torch.set_grad_enabled(False)
-    model = load_model("smollm2-135m")
-    tokens = _tokens(model)
-    if name == "plain":
-        def call():
-            return model(tokens, return_type=None)
-    else:
-        def call():
-            return stream_layers(model, tokens, lambda layer, att: None, stop_early=False)
-    call()  # warm-up outside the measurement
-    if mode == "memory":
-        with PeakRSS() as mem:
-            call()
-        return {"peak_bytes": mem.peak}
-    return {"seconds": median_time(call, repeats=REPEATS, warmup=0)}
+    return plain_or_streamed(name, mode, REPEATS, lambda layer, att: None)
 
 
 def main() -> None:
     if len(sys.argv) > 1:  # child process: one variant
         print(json.dumps(_variant(sys.argv[1], sys.argv[2])))
         return
-    from benchmarks.common import run_fresh
+    from benchmarks.common import BATCH, SEQ, run_fresh
 
     rows = {
         name: {**run_fresh("benchmarks.bench_stream", name, "time"),

@@ -71,3 +71,44 @@ def run_fresh(module: str, *args: str, measure_memory: bool = False) -> dict:
         [sys.executable, "-m", module, *args], env=env, check=True, capture_output=True, text=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(call: Callable[[], object], mode: str, repeats: int) -> dict:
+    """One warm-up, then peak RSS of one call (``mode="memory"``) or the median of ``repeats``."""
+    call()
+    if mode == "memory":
+        with PeakRSS() as mem:
+            call()
+        return {"peak_bytes": mem.peak}
+    return {"seconds": median_time(call, repeats=repeats, warmup=0)}
+
+
+BATCH, SEQ = 8, 256
+
+
+def smollm2_batch():
+    """SmolLM2-135M and a fixed batch of BATCH x SEQ random tokens (BOS first), no autograd."""
+    import torch
+
+    from tl_geometry import load_model
+
+    torch.set_grad_enabled(False)
+    model = load_model("smollm2-135m")
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(100, model.cfg.d_vocab - 100, (BATCH, SEQ), generator=gen)
+    tokens[:, 0] = model.tokenizer.bos_token_id
+    return model, tokens
+
+
+def plain_or_streamed(name: str, mode: str, repeats: int, on_layer) -> dict:
+    """Measure a plain forward (``name == "plain"``) or ``stream_layers`` calling ``on_layer``."""
+    from tl_geometry import stream_layers
+
+    model, tokens = smollm2_batch()
+    if name == "plain":
+        def call():
+            return model(tokens, return_type=None)
+    else:
+        def call():
+            return stream_layers(model, tokens, on_layer, stop_early=False)
+    return measure(call, mode, repeats)
