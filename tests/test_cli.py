@@ -34,5 +34,5 @@ def test_analyze_writes_results(capsys, smollm2, tmp_path):
     assert code == 0 and capsys.readouterr().out.strip() == str(out.resolve())
     heads = pd.read_csv(out / "heads.csv")
     assert len(heads) == 30 * 9 and {"f_top@1", "f_random@4", "gap@4"} <= set(heads.columns)
-    assert (heads["f_top@1"] == 1).all()
+    assert (heads["f_top@1"] == 1).all() and heads["name"].iloc[10] == "L1H1"
     assert (out / "geometry.safetensors").is_file() and (out / "summary.csv").is_file()

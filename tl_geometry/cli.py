@@ -32,11 +32,19 @@ def _parse_n(text: str) -> tuple[int, ...]:
 
 def _heads_table(result):
     """One row per head: layer, head, name, then F_N top-N / random / gap per N."""
-    frame = result.to_dataframe()
-    frame = frame[frame["metric"].isin(["f_top", "f_random", "gap"])]
-    wide = frame.pivot_table(index=["layer", "head", "name"], columns=["metric", "n"], values="value", dropna=False)
-    wide.columns = [f"{metric}@{n}" for metric, n in wide.columns]
-    return wide.reset_index().sort_values(["layer", "head"])
+    import pandas as pd
+
+    layers, heads = result.n_layers, result.n_heads
+    table = {
+        "layer": [layer for layer in range(layers) for _ in range(heads)],
+        "head": list(range(heads)) * layers,
+    }
+    table["name"] = [f"L{layer}H{head}" for layer, head in zip(table["layer"], table["head"], strict=True)]
+    for metric in ("f_top", "f_random", "gap"):
+        values = result.mean(metric).reshape(layers * heads, -1)
+        for index, n in enumerate(result.n):
+            table[f"{metric}@{n}"] = values[:, index].double().numpy()
+    return pd.DataFrame(table)
 
 
 def _analyze(args: argparse.Namespace) -> None:
