@@ -84,7 +84,7 @@ def _analyze(args: argparse.Namespace) -> None:
     say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
     for row in summary.itertuples():
         say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
-            f"random {row.f_random:.3f}  gap {row.gap:+.3f} [{row.gap_low:+.3f}, {row.gap_high:+.3f}]")
+            f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
     say(f"done in {time.perf_counter() - start:.0f}s; results in {out}/ (heads.csv, summary.csv, geometry.safetensors)")
     print(out.resolve())
 
