@@ -96,3 +96,17 @@ def test_real_smollm2_separability(smollm2):
     assert res.mean("f_top").shape == (30, 9, 3)
     assert (res.mean("f_top")[..., 0] == 1).all()
     assert torch.isfinite(res.mean("gap")).all()
+
+
+def test_analyze_runs_on_every_model_class(tiny_model):
+    """HookedTransformer (legacy venv) and TransformerBridge, GQA/MQA/MHA, with right padding."""
+    tokens = random_tokens(3, 9, seed=8)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[2, 6:] = 0
+    res = analyze_separability(tiny_model, tokens, NS, attention_mask=mask, queries="all", repeats=2, progress=False)
+    assert res.mean("f_top").shape == (3, 4, 3)
+    assert (res.mean("f_top")[..., 0] == 1).all() and res.settings["model_class"] in ("HookedTransformer", "TransformerBridge")
+    alone = analyze_separability(tiny_model, tokens[2:, :6], NS, queries="all", repeats=2, progress=False,
+                                 window_ids=torch.tensor([2]))
+    for key, value in alone.per_sequence.items():
+        torch.testing.assert_close(res.per_sequence[key][2:], value, equal_nan=True, atol=1e-6, rtol=0)

@@ -198,14 +198,20 @@ class SeparabilityAccumulator:
         })
 
     def random_scores(self, att: LayerAttention, n_queries: int) -> Tensor:
-        """[repeat, batch, head, q, key] uniform scores, one generator per (window, layer)."""
+        """[repeat, batch, head, q, key] uniform scores, one generator per (window, layer).
+
+        Each sequence draws only over its real keys (and, for ``queries="all"``, its real query
+        rows), so its baseline does not depend on how much padding its batch needed.
+        """
         batch, heads, _, n_k = att.pattern.shape
-        ids = self.window_ids[-1]
-        draws = [
-            torch.rand(self.repeats, heads, n_queries, n_k, generator=window_generator(self.seed, int(w), att.layer))
-            for w in ids
-        ]
-        return torch.stack(draws, 1).to(att.pattern.device)
+        scores = torch.zeros(self.repeats, batch, heads, n_queries, n_k)
+        lengths = att.key_mask.sum(1).tolist()
+        all_rows = self.options.get("queries") == "all"
+        for b, (window, length) in enumerate(zip(self.window_ids[-1].tolist(), lengths, strict=True)):
+            rows = length if all_rows else n_queries
+            gen = window_generator(self.seed, int(window), att.layer)
+            scores[:, b, :, :rows, :length] = torch.rand(self.repeats, heads, rows, length, generator=gen)
+        return scores.to(att.pattern.device)
 
     def add_layer(self, att: LayerAttention) -> tuple[Separability, Separability]:
         opts = dict(self.options, key_mask=att.key_mask, query_mask=att.query_mask)
