@@ -6,7 +6,13 @@
 
 from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
 from .geometry import GeometryResult, analyze_separability
-from .metrics import Separability, inversion_bounds, random_separability, separability
+from .metrics import (
+    Separability,
+    inversion_bounds,
+    random_separability,
+    separability,
+    separability_over_rankings,
+)
 from .models import load_model
 
 __version__ = "0.1.0"
@@ -18,6 +24,7 @@ __all__ = [
     "inversion_bounds",
     "random_separability",
     "separability",
+    "separability_over_rankings",
     "LayerAttention",
     "ModelInfo",
     "align_value_heads",

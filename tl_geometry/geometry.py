@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapters import LayerAttention, stream_layers
-from .metrics import Separability, separability
+from .metrics import separability, separability_over_rankings
 
 __all__ = ["GeometryResult", "analyze_separability", "window_generator", "sequence_means", "bootstrap_ci"]
 
@@ -105,10 +105,14 @@ class GeometryResult:
         """Mean over sequences of a metric (``"f_top"``, ``"recall_random"``, ``"gap"``, …)."""
         return self._values(metric).nanmean(0)
 
+    def _bootstrap(self, per_sequence: Tensor, replicates: int | None = None) -> Tensor:
+        """Bootstrap over the first axis with the run's replicate count and seed."""
+        replicates = replicates or int(self.settings.get("bootstrap", 2000))
+        return bootstrap_ci(per_sequence, replicates, seed=int(self.settings.get("seed", 0)))
+
     def ci(self, metric: str = "gap", replicates: int | None = None) -> Float[Tensor, "layer head n 2"]:
         """95% bootstrap interval over sequences (seeded by the run seed)."""
-        replicates = replicates or int(self.settings.get("bootstrap", 2000))
-        return bootstrap_ci(self._values(metric), replicates, seed=int(self.settings.get("seed", 0)))
+        return self._bootstrap(self._values(metric), replicates)
 
     def summary(self):
         """Model-wide F_N per N (heads and layers averaged within each sequence, then sequences),
@@ -118,7 +122,7 @@ class GeometryResult:
         rows = {}
         for metric in ("f_top", "f_random", "gap"):
             per_seq = self._values(metric).nanmean((1, 2))  # [seq, n]
-            bounds = bootstrap_ci(per_seq, int(self.settings.get("bootstrap", 2000)), int(self.settings.get("seed", 0)))
+            bounds = self._bootstrap(per_seq)
             rows[metric] = per_seq.nanmean(0)
             rows[f"{metric}_low"], rows[f"{metric}_high"] = bounds[:, 0], bounds[:, 1]
         frame = pd.DataFrame({k: v.double().numpy() for k, v in rows.items()})
@@ -213,20 +217,18 @@ class SeparabilityAccumulator:
             scores[:, b, :, :rows, :length] = torch.rand(self.repeats, heads, rows, length, generator=gen)
         return scores.to(att.pattern.device)
 
-    def add_layer(self, att: LayerAttention) -> tuple[Separability, Separability]:
+    def add_layer(self, att: LayerAttention) -> None:
         opts = dict(self.options, key_mask=att.key_mask, query_mask=att.query_mask)
         top = separability(att.pattern, att.v, self.ns, **opts)
-        scores = self.random_scores(att, top.query_positions.shape[1]) if self.repeats else None
         store = self.batches[-1]
         for metric in METRICS:
             store[f"{metric}_top"][:, att.layer] = sequence_means(getattr(top, metric)).float().cpu()
-        if scores is not None:
+        if self.repeats:
             opts.pop("ranking")
-            runs = [separability(att.pattern, att.v, self.ns, ranking=scores[r], **opts) for r in range(self.repeats)]
+            scores = self.random_scores(att, top.query_positions.shape[1])
+            random = separability_over_rankings(att.pattern, att.v, self.ns, scores, **opts).mean
             for metric in METRICS:
-                per_query = torch.stack([getattr(r, metric) for r in runs]).nanmean(0)
-                store[f"{metric}_random"][:, att.layer] = sequence_means(per_query).float().cpu()
-        return top, scores
+                store[f"{metric}_random"][:, att.layer] = sequence_means(getattr(random, metric)).float().cpu()
 
     def result(self, settings: dict[str, Any]) -> GeometryResult:
         if not self.batches:

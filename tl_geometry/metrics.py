@@ -11,8 +11,9 @@ has aggregate ``s_N = Σ_{i∈S} y_i`` and distances ``D_i = d(y_i, s_N)``; then
 
 Speed: distances need only ``‖y_i‖² = α_i²‖v_i‖²``, ``⟨y_i, s_N⟩ = α_i⟨v_i, s_N⟩`` and
 ``‖s_N‖²``, so each N costs two skinny matmuls per query chunk (``s_N = (α·1_S) V`` and
-``V s_N``), with the value matrix read per kv head (no GQA copy). Inversions come from one sort
-of the unselected distances and a ``searchsorted``. Nothing loops over heads or queries.
+``V s_N``), with the value matrix read per kv head (no GQA copy). One stable sort per query row
+ranks the sources for every N; inversions count the N sorted selected distances below each
+distance (``searchsorted``). Nothing loops over heads or queries.
 
 Example:
     >>> import torch
@@ -37,6 +38,7 @@ __all__ = [
     "RandomSeparability",
     "separability",
     "random_separability",
+    "separability_over_rankings",
     "inversion_bounds",
     "query_positions",
 ]
@@ -260,9 +262,9 @@ def separability(
 
     chunk = max(1, chunk_elements // max(1, batch * heads * n_k))
     ar_full = torch.arange(n_k, device=device)
+    all_rows = isinstance(queries, str) and queries == "all"
     for start in range(0, n_sel, chunk):
         q = qpos[:, start:start + chunk]  # [batch, c]
-        all_rows = isinstance(queries, str) and queries == "all"
         rows = (pattern[:, :, start:start + chunk] if all_rows else _gather_rows(pattern, q)).to(dtype)
         q_valid = query_mask.gather(1, q)  # [batch, c]
         # Causal queries see keys 0..t only: work on the keys the chunk's latest query can see.
@@ -362,6 +364,32 @@ def _chunk_metrics(alpha, order, rank, cand, n_cand, values, value_sq, value_nor
     return {name: torch.stack(value, -1) for name, value in results.items()}
 
 
+def separability_over_rankings(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    n: int | Sequence[int],
+    scores: Float[Tensor, "repeat batch head q key"],
+    **options,
+) -> RandomSeparability:
+    """Separability under each of several score tensors (one per repeat), and their mean.
+
+    ``scores[r]`` is any ranking :func:`separability` accepts; ``options`` are its other
+    arguments. The mean is NaN-aware over repeats, per query.
+    """
+    runs = [separability(pattern, v, n, ranking=score, **options) for score in scores]
+    stacked = {
+        f.name: torch.stack([getattr(r, f.name) for r in runs])
+        for f in fields(Separability) if f.name not in ("n", "query_positions")
+    }
+    per_repeat = Separability(n=runs[0].n, query_positions=runs[0].query_positions, **stacked)
+    means = {name: value.nanmean(0) for name, value in stacked.items() if name != "sink_selected"}
+    sink = stacked["sink_selected"].float().mean(0) >= 0.5
+    return RandomSeparability(
+        per_repeat=per_repeat,
+        mean=Separability(n=runs[0].n, query_positions=runs[0].query_positions, sink_selected=sink, **means),
+    )
+
+
 def random_separability(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
@@ -385,22 +413,10 @@ def random_separability(
         raise ValueError("random_separability draws its own rankings; do not pass ranking.")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int ≥ 1; got {repeats!r}.")
-    runs = []
-    for _ in range(repeats):
-        device = generator.device if generator is not None else pattern.device
-        scores = torch.rand(pattern.shape, generator=generator, device=device).to(pattern.device)
-        runs.append(separability(pattern, v, n, ranking=scores, **options))
-    stacked = {
-        f.name: torch.stack([getattr(r, f.name) for r in runs])
-        for f in fields(Separability) if f.name not in ("n", "query_positions")
-    }
-    per_repeat = Separability(n=runs[0].n, query_positions=runs[0].query_positions, **stacked)
-    means = {name: value.nanmean(0) for name, value in stacked.items() if name != "sink_selected"}
-    sink = stacked["sink_selected"].float().mean(0) >= 0.5
-    return RandomSeparability(
-        per_repeat=per_repeat,
-        mean=Separability(n=runs[0].n, query_positions=runs[0].query_positions, sink_selected=sink, **means),
-    )
+    device = generator.device if generator is not None else pattern.device
+    # One draw per repeat, in order, so a seeded generator gives the same scores as before.
+    scores = torch.stack([torch.rand(pattern.shape, generator=generator, device=device) for _ in range(repeats)])
+    return separability_over_rankings(pattern, v, n, scores.to(pattern.device), **options)
 
 
 def inversion_bounds(sep: Separability) -> tuple[Float[Tensor, "batch head query n"], Float[Tensor, "batch head query n"]]:
