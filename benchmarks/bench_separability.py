@@ -18,14 +18,13 @@ NS = (1, 2, 4, 8, 16, 32)
 REPEATS = 3
 
 
-def _variant(name: str, mode: str) -> dict:
-    from benchmarks.common import plain_or_streamed
+def _variants() -> dict:
     from tl_geometry import separability
 
-    queries = name.split("-")[-1]
-    return plain_or_streamed(
-        name, mode, REPEATS, lambda layer, att: separability(att.pattern, att.v, NS, queries=queries)
-    )
+    def on_layer(queries):
+        return lambda layer, att: separability(att.pattern, att.v, NS, queries=queries)
+
+    return {"plain": None, "stream-last": on_layer("last"), "stream-all": on_layer("all")}
 
 
 def _oracle_speedup() -> dict:
@@ -52,16 +51,11 @@ def _oracle_speedup() -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        print(json.dumps(_variant(sys.argv[1], sys.argv[2])))
-        return
-    from benchmarks.common import run_fresh
+    from benchmarks.common import collect_rows
 
-    rows = {
-        name: {**run_fresh("benchmarks.bench_separability", name, "time"),
-               **run_fresh("benchmarks.bench_separability", name, "memory", measure_memory=True)}
-        for name in ("plain", "stream-last", "stream-all")
-    }
+    rows = collect_rows("benchmarks.bench_separability", _variants(), REPEATS, sys.argv[1:])
+    if rows is None:
+        return
     plain = rows["plain"]
     ratios = {
         f"{name}_{kind}_ratio": rows[name][key] / plain[key]

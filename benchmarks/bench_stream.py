@@ -16,23 +16,15 @@ from pathlib import Path
 REPEATS = 5
 
 
-def _variant(name: str, mode: str) -> dict:
-    from benchmarks.common import plain_or_streamed
-
-    return plain_or_streamed(name, mode, REPEATS, lambda layer, att: None)
+VARIANTS = {"plain": None, "stream": lambda layer, att: None}
 
 
 def main() -> None:
-    if len(sys.argv) > 1:  # child process: one variant
-        print(json.dumps(_variant(sys.argv[1], sys.argv[2])))
-        return
-    from benchmarks.common import BATCH, SEQ, run_fresh
+    from benchmarks.common import BATCH, SEQ, collect_rows
 
-    rows = {
-        name: {**run_fresh("benchmarks.bench_stream", name, "time"),
-               **run_fresh("benchmarks.bench_stream", name, "memory", measure_memory=True)}
-        for name in ("plain", "stream")
-    }
+    rows = collect_rows("benchmarks.bench_stream", VARIANTS, REPEATS, sys.argv[1:])
+    if rows is None:
+        return
     ratios = {
         "time_ratio": rows["stream"]["seconds"] / rows["plain"]["seconds"],
         "memory_ratio": rows["stream"]["peak_bytes"] / rows["plain"]["peak_bytes"],

@@ -4,7 +4,8 @@ Memory on the CPU is measured as the peak resident set size above the baseline t
 before the measured call, sampled every 0.2 ms by a thread. Each variant runs in a fresh
 process with glibc told to mmap every block over 64 KiB (``MALLOC_MMAP_THRESHOLD_``), so a freed
 tensor leaves the RSS at once and the samples follow live memory rather than allocator caches.
-That setting slows allocation, so times are measured in other processes with the default allocator.
+That setting slows allocation, so times are measured in another process with the default
+allocator, all variants interleaved round by round (the machine's speed drifts).
 """
 
 from __future__ import annotations
@@ -73,16 +74,6 @@ def run_fresh(module: str, *args: str, measure_memory: bool = False) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(call: Callable[[], object], mode: str, repeats: int) -> dict:
-    """One warm-up, then peak RSS of one call (``mode="memory"``) or the median of ``repeats``."""
-    call()
-    if mode == "memory":
-        with PeakRSS() as mem:
-            call()
-        return {"peak_bytes": mem.peak}
-    return {"seconds": median_time(call, repeats=repeats, warmup=0)}
-
-
 BATCH, SEQ = 8, 256
 
 
@@ -100,15 +91,46 @@ def smollm2_batch():
     return model, tokens
 
 
-def plain_or_streamed(name: str, mode: str, repeats: int, on_layer) -> dict:
-    """Measure a plain forward (``name == "plain"``) or ``stream_layers`` calling ``on_layer``."""
+def _calls(variants: dict) -> dict[str, Callable[[], object]]:
+    """One call per variant on the shared model: None is the plain forward, else the layer callback."""
     from tl_geometry import stream_layers
 
     model, tokens = smollm2_batch()
-    if name == "plain":
-        def call():
-            return model(tokens, return_type=None)
-    else:
-        def call():
-            return stream_layers(model, tokens, on_layer, stop_early=False)
-    return measure(call, mode, repeats)
+
+    def make(on_layer):
+        if on_layer is None:
+            return lambda: model(tokens, return_type=None)
+        return lambda: stream_layers(model, tokens, on_layer, stop_early=False)
+
+    return {name: make(on_layer) for name, on_layer in variants.items()}
+
+
+def collect_rows(module: str, variants: dict, repeats: int, argv: list[str]) -> dict | None:
+    """Benchmark rows ``{variant: {"seconds", "peak_bytes"}}``, or act as the child process.
+
+    Times: one process runs all variants interleaved, round after round, and keeps each
+    variant's median, so drift of the machine's speed hits every variant alike. Memory: one
+    fresh process per variant (allocator set for RSS accuracy, see the module docstring).
+    """
+    if argv:  # child: "time" or "memory NAME"
+        calls = _calls(variants if argv[0] == "time" else {argv[1]: variants[argv[1]]})
+        for call in calls.values():
+            call()  # warm-up
+        if argv[0] == "memory":
+            with PeakRSS() as mem:
+                next(iter(calls.values()))()
+            print(json.dumps({"peak_bytes": mem.peak}))
+            return None
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(repeats):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+        print(json.dumps({name: statistics.median(values) for name, values in times.items()}))
+        return None
+    seconds = run_fresh(module, "time")
+    return {
+        name: {"seconds": seconds[name], **run_fresh(module, "memory", name, measure_memory=True)}
+        for name in variants
+    }
