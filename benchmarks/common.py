@@ -49,17 +49,6 @@ class PeakRSS:
         self.peak = max(self.peak, rss_bytes() - self.base)
 
 
-def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def run_fresh(module: str, *args: str, measure_memory: bool = False) -> dict:
     """Run ``python -m module args`` in a fresh process; it prints one JSON line last.
 
