@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_geometry.metrics import inversion_bounds, random_separability, separability
+from tl_geometry.metrics import inversion_bounds, random_separability, separability, top_order
 
 from .oracle import oracle_separability
 
@@ -103,6 +103,17 @@ def test_attention_ties_go_to_lower_position():
         ref = oracle_separability(pattern, v, (n,))
         _compare(sep, ref)
         assert bool(sep.sink_selected[0, 0, 3, 0])  # position 0 wins every tie
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -0.0, 0.25, 0.5, -1.5, 3e38, -3e38, float("inf"), float("-inf"), 1e-45]),
+                min_size=1, max_size=40), st.integers(1, 40))
+def test_top_order_equals_stable_descending_sort(values, m):
+    score = torch.tensor(values, dtype=torch.float32).expand(3, -1)  # few distinct values: many ties
+    m = min(m, len(values))
+    expected = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :m]
+    assert torch.equal(top_order(score, m), expected)
+    assert torch.equal(top_order(score.double(), m), expected)  # the float64 path sorts
 
 
 # ----- SPEC §2 facts as properties -----------------------------------------------------------
