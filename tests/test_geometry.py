@@ -6,8 +6,16 @@ import pytest
 import torch
 
 from tl_geometry.adapters import read_layer
-from tl_geometry.geometry import GeometryResult, analyze_separability, bootstrap_ci, window_generator
+from tl_geometry.geometry import (
+    SINK_HEAD_METRICS,
+    SINK_N_METRICS,
+    GeometryResult,
+    analyze_separability,
+    bootstrap_ci,
+    window_generator,
+)
 from tl_geometry.metrics import separability
+from tl_geometry.sink import f_by_sink, sink_geometry
 
 from .tiny import random_tokens, tiny_bridge
 
@@ -68,8 +76,31 @@ def test_save_load_roundtrip_and_dataframe(model, tmp_path):
         assert torch.equal(back.per_sequence[key].nan_to_num(-1), res.per_sequence[key].nan_to_num(-1))
     frame = res.to_dataframe(with_ci=True)
     assert {"layer", "head", "name", "metric", "n", "value", "ci_low", "ci_high"} <= set(frame.columns)
-    assert len(frame) == 3 * 4 * 3 * 7 and frame["name"].iloc[5] == "L0H1"
+    n_metrics = 7 + len(SINK_N_METRICS)  # P/R/F top and random, gap, sink metrics by N
+    assert len(frame) == 3 * 4 * (3 * n_metrics + len(SINK_HEAD_METRICS)) and frame["name"].iloc[5] == "L0H1"
     assert (path.read_bytes()[:8] != b"\x80\x04")  # not a pickle
+
+
+def test_sink_values_agree_with_the_layer_functions_and_certify(model):
+    tokens = random_tokens(3, 10)
+    res = analyze_separability(model, tokens, NS, repeats=0, progress=False, bootstrap=20)
+    layer = 1
+    cache = model.run_with_cache(tokens)[1]
+    att = read_layer(cache, layer)
+    top = separability(att.pattern, att.v, NS, queries="last", key_mask=att.key_mask, query_mask=att.query_mask)
+    with_sink, _ = f_by_sink(top)
+    torch.testing.assert_close(res.per_sequence["f_sink_selected"][:, layer], with_sink.nanmean(2).float(),
+                               equal_nan=True)
+    geo = sink_geometry(att.pattern, att.v, NS, queries="last")
+    torch.testing.assert_close(res.per_sequence["norm_ratio"][:, layer], geo.norm_ratio.float())
+    # certificates hold query by query, hence for sequence means over the same queries
+    measured_p, measured_r = res.per_sequence["precision_top"], res.per_sequence["recall_top"]
+    for name, measured in (("precision_bound", measured_p), ("recall_bound", measured_r),
+                           ("precision_certificate", measured_p), ("recall_certificate", measured_r)):
+        bound = res.per_sequence[name]
+        assert torch.equal(torch.isnan(bound), torch.isnan(measured))
+        assert (bound.nan_to_num(0) <= measured.nan_to_num(0) + 1e-6).all(), name
+    assert res.has_sink and res.mean("cosine_by_lag").shape == (model.cfg.n_layers, model.cfg.n_heads, 10)
 
 
 def test_bootstrap_ci_brackets_the_mean_and_collapses_on_constants():
@@ -109,4 +140,8 @@ def test_analyze_runs_on_every_model_class(tiny_model):
     alone = analyze_separability(tiny_model, tokens[2:, :6], NS, queries="all", repeats=2, progress=False,
                                  window_ids=torch.tensor([2]))
     for key, value in alone.per_sequence.items():
-        torch.testing.assert_close(res.per_sequence[key][2:], value, equal_nan=True, atol=1e-6, rtol=0)
+        padded = res.per_sequence[key][2:]
+        if key == "cosine_by_lag":  # by position: pads are NaN
+            assert torch.isnan(padded[..., 6:]).all()
+            padded = padded[..., :6]
+        torch.testing.assert_close(padded, value, equal_nan=True, atol=1e-6, rtol=0)

@@ -14,6 +14,8 @@ from .metrics import (
     separability_over_rankings,
 )
 from .models import load_model
+from .regime import RegimeFit, SinkAwareBounds, fit_regime, sink_aware_bounds
+from .sink import SinkGeometry, f_by_sink, sink_geometry
 
 __version__ = "0.1.0"
 
@@ -32,4 +34,11 @@ __all__ = [
     "load_model",
     "read_layer",
     "stream_layers",
+    "RegimeFit",
+    "SinkAwareBounds",
+    "fit_regime",
+    "sink_aware_bounds",
+    "SinkGeometry",
+    "f_by_sink",
+    "sink_geometry",
 ]

@@ -44,6 +44,13 @@ def _heads_table(result):
         values = result.mean(metric).reshape(layers * heads, -1)
         for index, n in enumerate(result.n):
             table[f"{metric}@{n}"] = values[:, index].double().numpy()
+    if result.has_sink:
+        for metric in ("norm_ratio", "sink_cosine", "sink_mass", "c_spread", "coherence_max", "regime_holds"):
+            table[metric] = result.mean(metric).reshape(-1).double().numpy()
+        for metric in ("f_nosink", "f_sink_selected", "f_sink_unselected", "precision_bound", "recall_bound"):
+            values = result.mean(metric).reshape(layers * heads, -1)
+            for index, n in enumerate(result.n):
+                table[f"{metric}@{n}"] = values[:, index].double().numpy()
     return pd.DataFrame(table)
 
 

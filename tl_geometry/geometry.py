@@ -26,12 +26,24 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapters import LayerAttention, stream_layers
-from .metrics import separability, separability_over_rankings
+from .metrics import inversion_bounds, separability, separability_over_rankings
+from .regime import fit_regime, sink_aware_bounds
+from .sink import f_by_sink, sink_geometry
 
 __all__ = ["GeometryResult", "analyze_separability", "window_generator", "sequence_means", "bootstrap_ci"]
 
 METRICS = ("precision", "recall", "f")
 SOURCES = ("top", "random")
+# Per-sequence sink and regime values without an N axis ([seq, layer, head]) and by key position.
+SINK_HEAD_METRICS = (
+    "norm_ratio", "sink_norm", "mean_norm", "sink_cosine", "sink_mass", "sink_rank",
+    "c", "c_spread", "c0", "coherence_max", "coherence_mean", "sink_alignment", "sign_consistency", "regime_holds",
+)
+SINK_N_METRICS = (
+    "f_nosink", "f_sink_selected", "f_sink_unselected", "sink_selected", "align_sink", "align_current",
+    "precision_bound", "recall_bound", "precision_certificate", "recall_certificate",
+)
+LAG_METRICS = ("cosine_by_lag",)
 
 
 def window_generator(seed: int, window: int, layer: int, device: str | torch.device = "cpu") -> torch.Generator:
@@ -101,9 +113,16 @@ class GeometryResult:
             raise KeyError(f"unknown metric {metric!r}; have {sorted(self.per_sequence)} and 'gap'.")
         return self.per_sequence[metric]
 
-    def mean(self, metric: str = "f_top") -> Float[Tensor, "layer head n"]:
-        """Mean over sequences of a metric (``"f_top"``, ``"recall_random"``, ``"gap"``, …)."""
+    def mean(self, metric: str = "f_top") -> Float[Tensor, "layer head ..."]:
+        """Mean over sequences of a metric (``"f_top"``, ``"recall_random"``, ``"gap"``,
+        ``"norm_ratio"``, …): ``[layer, head, n]``, or ``[layer, head]`` for per-head sink
+        metrics, or ``[layer, head, pos]`` for ``cosine_by_lag``."""
         return self._values(metric).nanmean(0)
+
+    @property
+    def has_sink(self) -> bool:
+        """Whether the run measured the sink diagnostics and the regime (``sink=True``)."""
+        return "norm_ratio" in self.per_sequence
 
     def _bootstrap(self, per_sequence: Tensor, replicates: int | None = None) -> Tensor:
         """Bootstrap over the first axis with the run's replicate count and seed."""
@@ -141,16 +160,23 @@ class GeometryResult:
         return GeometryResult(self.n, merged, ids[order], dict(self.settings))
 
     def to_dataframe(self, with_ci: bool = False):
-        """Long format: columns ``layer, head, name, metric, n, value`` (means over sequences)."""
+        """Long format: columns ``layer, head, name, metric, n, value`` (means over sequences;
+        ``n`` is missing for per-head sink metrics)."""
         import pandas as pd
 
         layers, heads, ns = self.n_layers, self.n_heads, len(self.n)
         grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads), torch.arange(ns))
+        head_grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
         frames = []
         for metric in [*self.per_sequence, "gap"]:
+            if metric in LAG_METRICS:
+                continue  # by position, not by N: see mean("cosine_by_lag")
+            per_head = metric in SINK_HEAD_METRICS
+            cells = head_grid if per_head else grid
             frame = pd.DataFrame({
-                "layer": grid[:, 0].numpy(), "head": grid[:, 1].numpy(),
-                "metric": metric, "n": torch.tensor(self.n)[grid[:, 2]].numpy(),
+                "layer": cells[:, 0].numpy(), "head": cells[:, 1].numpy(), "metric": metric,
+                "n": pd.array([pd.NA] * len(cells), dtype="Int64") if per_head
+                else torch.tensor(self.n)[cells[:, 2]].numpy(),
                 "value": self.mean(metric).reshape(-1).double().numpy(),
             })
             if with_ci:
@@ -187,19 +213,22 @@ class SeparabilityAccumulator:
     """Collects per-sequence means layer by layer during a streamed forward."""
 
     def __init__(self, n_layers: int, n_heads: int, ns: tuple[int, ...], *, repeats: int, seed: int,
-                 options: dict[str, Any]):
+                 options: dict[str, Any], sink: bool = True):
         self.n_layers, self.n_heads, self.ns = n_layers, n_heads, ns
-        self.repeats, self.seed, self.options = repeats, seed, options
+        self.repeats, self.seed, self.options, self.sink = repeats, seed, options, sink
         self.batches: list[dict[str, Tensor]] = []
         self.window_ids: list[Tensor] = []
 
-    def start_batch(self, window_ids: Tensor) -> None:
+    def start_batch(self, window_ids: Tensor, seq_len: int) -> None:
         batch = len(window_ids)
         self.window_ids.append(window_ids)
-        self.batches.append({
-            f"{m}_{s}": torch.full((batch, self.n_layers, self.n_heads, len(self.ns)), torch.nan)
-            for s in SOURCES for m in METRICS
-        })
+        shape = (batch, self.n_layers, self.n_heads)
+        store = {f"{m}_{s}": torch.full((*shape, len(self.ns)), torch.nan) for s in SOURCES for m in METRICS}
+        if self.sink:
+            store.update({name: torch.full(shape, torch.nan) for name in SINK_HEAD_METRICS})
+            store.update({name: torch.full((*shape, len(self.ns)), torch.nan) for name in SINK_N_METRICS})
+            store["cosine_by_lag"] = torch.full((*shape, seq_len), torch.nan)
+        self.batches.append(store)
 
     def random_scores(self, att: LayerAttention, n_queries: int) -> Tensor:
         """[repeat, batch, head, q, key] uniform scores, one generator per (window, layer).
@@ -224,11 +253,48 @@ class SeparabilityAccumulator:
         for metric in METRICS:
             store[f"{metric}_top"][:, att.layer] = sequence_means(getattr(top, metric)).float().cpu()
         if self.repeats:
-            opts.pop("ranking")
             scores = self.random_scores(att, top.query_positions.shape[1])
-            random = separability_over_rankings(att.pattern, att.v, self.ns, scores, **opts).mean
+            random_opts = {k: v for k, v in opts.items() if k != "ranking"}
+            random = separability_over_rankings(att.pattern, att.v, self.ns, scores, **random_opts).mean
             for metric in METRICS:
                 store[f"{metric}_random"][:, att.layer] = sequence_means(getattr(random, metric)).float().cpu()
+        if self.sink:
+            self.add_sink(att, top, opts)
+
+    def add_sink(self, att: LayerAttention, top, opts: dict[str, Any]) -> None:
+        """Sink diagnostics, regime fit and certificates of one layer (SPEC §5-6)."""
+        store, layer = self.batches[-1], att.layer
+        masks = {"key_mask": att.key_mask, "query_mask": att.query_mask}
+        ranking, queries = self.options["ranking"], self.options["queries"]
+
+        def put(name: str, value: Tensor) -> None:
+            store[name][:, layer] = value.float().cpu()
+
+        # att.v is aligned to query heads, so every per-kv-head value below is per head.
+        geometry = sink_geometry(att.pattern, att.v, self.ns, ranking=ranking, queries=queries, **masks)
+        for name in ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine"):
+            put(name, getattr(geometry, name))
+        put("sink_mass", geometry.sink_mass.nanmean(-1))
+        put("sink_rank", geometry.sink_rank.nanmean(-1))
+        put("align_sink", sequence_means(geometry.align_sink))
+        put("align_current", sequence_means(geometry.align_current))
+        put("cosine_by_lag", geometry.cosine_by_lag)
+        fit = fit_regime(att.v, key_mask=att.key_mask)
+        for name in ("c", "c_spread", "c0", "coherence_max", "coherence_mean", "sink_alignment", "sign_consistency"):
+            put(name, getattr(fit, name))
+        put("regime_holds", fit.holds())
+        with_sink, without_sink = f_by_sink(top)
+        put("f_sink_selected", sequence_means(with_sink))
+        put("f_sink_unselected", sequence_means(without_sink))
+        put("sink_selected", sequence_means(torch.where(top.defined, top.sink_selected.to(top.f.dtype), torch.nan)))
+        put("f_nosink", sequence_means(separability(att.pattern, att.v, self.ns, **dict(opts, exclude_sink=True)).f))
+        precision_cert, recall_cert = inversion_bounds(top)
+        put("precision_certificate", sequence_means(precision_cert))
+        put("recall_certificate", sequence_means(recall_cert))
+        if self.options["distance"] == "euclidean":  # the sink-aware bounds are Euclidean
+            bounds = sink_aware_bounds(att.pattern, att.v, self.ns, ranking=ranking, queries=queries, **masks)
+            put("precision_bound", sequence_means(bounds.precision))
+            put("recall_bound", sequence_means(bounds.recall))
 
     def result(self, settings: dict[str, Any]) -> GeometryResult:
         if not self.batches:
@@ -254,6 +320,7 @@ def analyze_separability(
     batch_size: int = 8,
     window_ids: Int[Tensor, " seq"] | None = None,
     bootstrap: int = 2000,
+    sink: bool = True,
     progress: bool = True,
 ) -> GeometryResult:
     """Stream ``model`` over ``tokens`` and measure top-N vs random separability per layer/head.
@@ -267,6 +334,7 @@ def analyze_separability(
         batch_size: windows per forward pass.
         window_ids: global window index of each row (default ``0..seq-1``); shards pass theirs.
         bootstrap: replicates for :meth:`GeometryResult.ci`.
+        sink: also measure the sink diagnostics, the regime fit and the certificates (SPEC §5-6).
         progress: show a tqdm bar per window batch.
 
     Returns:
@@ -282,11 +350,12 @@ def analyze_separability(
     ns = tuple(int(x) for x in (n if isinstance(n, Sequence) else [n]))
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
     options = {"queries": queries, "distance": distance, "ranking": ranking, "exclude_sink": exclude_sink}
-    acc = SeparabilityAccumulator(info.n_layers, info.n_heads, ns, repeats=repeats, seed=seed, options=options)
+    acc = SeparabilityAccumulator(info.n_layers, info.n_heads, ns, repeats=repeats, seed=seed, options=options,
+                                  sink=sink)
     starts = range(0, tokens.shape[0], batch_size)
     for start in tqdm(starts, desc="windows", unit="batch", disable=not progress):
         rows = slice(start, start + batch_size)
-        acc.start_batch(window_ids[rows])
+        acc.start_batch(window_ids[rows], tokens.shape[1])
         mask = None if attention_mask is None else attention_mask[rows]
         stream_layers(model, tokens[rows], lambda layer, att: acc.add_layer(att), attention_mask=mask)
     settings = {

@@ -42,6 +42,8 @@ __all__ = [
     "inversion_bounds",
     "query_positions",
     "top_order",
+    "QueryRows",
+    "query_rows",
 ]
 
 _ROW_SUM_TOL = 1e-3
@@ -466,3 +468,68 @@ def inversion_bounds(sep: Separability) -> tuple[Float[Tensor, "batch head query
     precision_lower = n / (n + sep.inversions)
     recall_lower = (1 - sep.inversions / n).clamp_min(0)
     return precision_lower, torch.where(torch.isnan(sep.inversions), torch.nan, recall_lower)
+
+
+@dataclass
+class QueryRows:
+    """The chosen query rows of one layer, masked and typed for geometry (shared by the sink and
+    regime diagnostics, which need whole rows rather than separability's query chunks).
+
+    Attributes:
+        qpos: ``[batch, q]`` query positions; ``valid`` ``[batch, q]`` which are real queries.
+        alpha: ``[batch, head, q, key]`` weights on visible keys (0 elsewhere).
+        visible: ``[batch, q, key]`` keys ``0..t`` that are real, for real queries.
+        values: ``[batch, kv, key, d]``; ``value_norm`` ``[batch, kv, key]``; ``group`` = heads / kv.
+    """
+
+    qpos: Int[Tensor, "batch q"]
+    valid: Bool[Tensor, "batch q"]
+    alpha: Float[Tensor, "batch head q key"]
+    visible: Bool[Tensor, "batch q key"]
+    values: Float[Tensor, "batch kv key d"]
+    value_norm: Float[Tensor, "batch kv key"]
+    group: int
+
+    def per_head(self, x: Tensor) -> Tensor:
+        """``[batch, kv, ...]`` → ``[batch, head, ...]`` (query head h reads kv head h // group)."""
+        return x.repeat_interleave(self.group, 1)
+
+    def scores(self, ranking: str | Tensor) -> Float[Tensor, "batch head q key"]:
+        """Ranking scores of the rows (``"attention"``, ``"contribution"`` or a tensor shaped like the rows)."""
+        if isinstance(ranking, Tensor):
+            if ranking.shape != self.alpha.shape:
+                raise ValueError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
+            return ranking.to(self.alpha.dtype)
+        if ranking == "attention":
+            return self.alpha
+        if ranking == "contribution":
+            return self.alpha * self.per_head(self.value_norm)[:, :, None, :]
+        raise ValueError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
+
+
+def query_rows(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    *,
+    queries: str | Tensor = "all",
+    key_mask: Bool[Tensor, "batch key"] | None = None,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+) -> QueryRows:
+    """Validate inputs and gather the chosen query rows (see :class:`QueryRows`)."""
+    _check_inputs(pattern, v)
+    batch, heads, n_q, n_k = pattern.shape
+    device = pattern.device
+    dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
+    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=device) if key_mask is None else key_mask.bool()
+    query_mask = torch.ones(batch, n_q, dtype=torch.bool, device=device) if query_mask is None else query_mask.bool()
+    if key_mask.shape != (batch, n_k) or query_mask.shape != (batch, n_q):
+        raise ValueError(f"key_mask and query_mask must be [batch, pos] = {(batch, n_k)}.")
+    qpos = query_positions(query_mask, queries)
+    rows = _gather_rows(pattern, qpos).to(dtype)
+    valid = query_mask.gather(1, qpos)
+    ar = torch.arange(n_k, device=device)
+    visible = (ar[None, None, :] <= qpos[:, :, None]) & key_mask[:, None, :] & valid[:, :, None]
+    alpha = torch.where(visible[:, None], rows, 0.0)
+    _check_distribution(rows, alpha.sum(-1), valid)
+    values = v.to(dtype).permute(0, 2, 1, 3).contiguous()
+    return QueryRows(qpos, valid, alpha, visible, values, values.norm(dim=-1), heads // v.shape[2])

@@ -1,0 +1,251 @@
+"""The sink-aware constant-norm regime (SPEC §6): its fit per head, and lower bounds on P_N, R_N.
+
+The paper's theory assumes that non-sink value vectors share a (near-)constant norm ``c`` with
+bounded directional coherence, and that the sink has a distinct, smaller norm ``c_0`` and a
+signed alignment to the non-sink directions. :func:`fit_regime` measures each of these on real
+value vectors, so whether a head is in the regime is part of the output.
+
+:func:`sink_aware_bounds` evaluates the bounds proved in ``docs/theory.md``. For a query ``t``
+they use the tightest parameters that satisfy the assumptions on its visible sources ``0..t``
+(norm envelope ``[c_lo, c_hi]``, coherence ``μ = max |cos|`` over non-sink pairs, sink
+alignment range ``[β_lo, β_hi]``, sink norm ``c_0``), so they are certificates on every input:
+``precision ≥ bound.precision`` and ``recall ≥ bound.recall`` always hold (Euclidean distance).
+
+Example:
+    >>> import torch
+    >>> v = torch.eye(4)[None, :, None, :] * torch.tensor([0.5, 2, 2, 2])[None, :, None, None]
+    >>> pattern = torch.tensor([[1.0, 0, 0, 0], [.6, .4, 0, 0], [.5, .3, .2, 0], [.4, .3, .2, .1]])[None, None]
+    >>> fit_regime(v).c.tolist(), fit_regime(v).coherence_max.tolist()
+    ([[2.0]], [[0.0]])
+    >>> sink_aware_bounds(pattern, v, 2, queries="last").precision.flatten().tolist()  # orthogonal: exact
+    [1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from .metrics import _as_n_tuple, _check_inputs, query_rows, top_order
+from .sink import value_norms_and_sink_cosines
+
+__all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope"]
+
+NORM_TOLERANCE = 0.1  # relative spread (std / mean) of non-sink norms accepted as "constant"
+SIGN_TOLERANCE = 0.9  # share of non-sink sources whose sink cosine has the majority sign
+
+
+@dataclass
+class RegimeFit:
+    """How well the value vectors of each (sequence, kv head) fit the regime. All ``[batch, kv_head]``.
+
+    Attributes:
+        c: mean non-sink value norm; ``c_spread``: its std / mean (0 = exactly constant norm);
+            ``c_min``, ``c_max``: the norm envelope.
+        c0: sink value norm ‖v_0‖.
+        coherence_max, coherence_mean: max and mean |cos(v_i, v_j)| over non-sink pairs i ≠ j.
+        sink_alignment: mean cos(v_0, v_j) over non-sink j; ``alignment_min``/``alignment_max``: its range.
+        sign_consistency: share of non-sink j whose cos(v_0, v_j) has the majority sign.
+    """
+
+    c: Float[Tensor, "batch kv_head"]
+    c_spread: Float[Tensor, "batch kv_head"]
+    c_min: Float[Tensor, "batch kv_head"]
+    c_max: Float[Tensor, "batch kv_head"]
+    c0: Float[Tensor, "batch kv_head"]
+    coherence_max: Float[Tensor, "batch kv_head"]
+    coherence_mean: Float[Tensor, "batch kv_head"]
+    sink_alignment: Float[Tensor, "batch kv_head"]
+    alignment_min: Float[Tensor, "batch kv_head"]
+    alignment_max: Float[Tensor, "batch kv_head"]
+    sign_consistency: Float[Tensor, "batch kv_head"]
+
+    def holds(self, norm_tolerance: float = NORM_TOLERANCE, sign_tolerance: float = SIGN_TOLERANCE
+              ) -> Bool[Tensor, "batch kv_head"]:
+        """The regime's assumptions within tolerance: near-constant non-sink norm
+        (``c_spread ≤ norm_tolerance``), a smaller sink (``c0 < c``) and a signed sink alignment
+        (``sign_consistency ≥ sign_tolerance``). Coherence enters the bounds as a parameter and
+        is reported, not thresholded."""
+        return (self.c_spread <= norm_tolerance) & (self.c0 < self.c) & (self.sign_consistency >= sign_tolerance)
+
+
+def _unit(values: Tensor) -> Tensor:
+    """Unit vectors without the SPEC's additive 1e-12 guard, which would shrink |cos| below the
+    true value and break the envelope (zero vectors stay zero)."""
+    return values / values.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
+
+
+def _nonsink_cosines(values: Tensor, nonsink: Tensor) -> tuple[Tensor, Tensor]:
+    """|cos| between non-sink pairs ``[batch, kv, key, key]`` (0 off the pairs) and the pair mask."""
+    unit = _unit(values)
+    cos = (unit @ unit.transpose(-1, -2)).abs()
+    n_k = values.shape[2]
+    pairs = nonsink[:, None, :, None] & nonsink[:, None, None, :] & ~torch.eye(n_k, dtype=torch.bool, device=values.device)
+    return torch.where(pairs, cos, 0.0), pairs
+
+
+def fit_regime(
+    v: Float[Tensor, "batch key kv_head d_head"], *, key_mask: Bool[Tensor, "batch key"] | None = None
+) -> RegimeFit:
+    """Fit the sink-aware constant-norm regime to the value vectors of each sequence and kv head.
+
+    Args:
+        v: ``[batch, key, kv_head, d_head]`` value vectors; position 0 is the sink.
+        key_mask: ``[batch, key]`` True for real tokens.
+
+    Returns:
+        :class:`RegimeFit`, every field ``[batch, kv_head]`` (NaN where a sequence has no non-sink key).
+    """
+    if not isinstance(v, Tensor) or v.ndim != 4:
+        raise ValueError(f"v must be a tensor [batch, key, kv_head, d_head]; got shape {tuple(getattr(v, 'shape', ()))}.")
+    batch, n_k = v.shape[:2]
+    values = v.to(torch.promote_types(v.dtype, torch.float32)).permute(0, 2, 1, 3)
+    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=v.device) if key_mask is None else key_mask.bool()
+    norms, cosines, nonsink = value_norms_and_sink_cosines(values, key_mask)
+    nan = torch.tensor(torch.nan, dtype=values.dtype, device=v.device)
+    mask = nonsink[:, None, :]
+    c = torch.where(mask, norms, nan).nanmean(-1)
+    spread = (torch.where(mask, (norms - c[..., None]) ** 2, nan).nanmean(-1)).sqrt() / c
+    abs_cos, pairs = _nonsink_cosines(values, nonsink)
+    n_pairs = pairs.sum((-1, -2))
+    align = torch.where(mask, cosines, nan)
+    positive = (align > 0).sum(-1) / mask.sum(-1)
+    return RegimeFit(
+        c=c, c_spread=spread,
+        c_min=torch.where(mask, norms, torch.inf).amin(-1), c_max=torch.where(mask, norms, -torch.inf).amax(-1),
+        c0=norms[..., 0],
+        coherence_max=torch.where(n_pairs > 0, abs_cos.amax((-1, -2)), nan),
+        coherence_mean=abs_cos.sum((-1, -2)) / n_pairs,
+        sink_alignment=align.nanmean(-1),
+        alignment_min=torch.where(mask, cosines, torch.inf).amin(-1),
+        alignment_max=torch.where(mask, cosines, -torch.inf).amax(-1),
+        sign_consistency=torch.maximum(positive, 1 - positive),
+    )
+
+
+def regime_envelope(
+    values: Float[Tensor, "batch kv key d"], key_mask: Bool[Tensor, "batch key"]
+) -> dict[str, Float[Tensor, "batch kv key"]]:
+    """Tightest regime parameters of every prefix ``0..t`` (the visible sources of query t).
+
+    Returns ``c_lo, c_hi`` (non-sink norm range), ``mu`` (max |cos| over non-sink pairs),
+    ``beta_lo, beta_hi`` (range of cos(v_0, v_j)) and ``c0``, each ``[batch, kv, t]``. A prefix
+    without non-sink sources (or pairs) has empty ranges (±inf) and ``mu = 0``.
+    """
+    norms, _, nonsink = value_norms_and_sink_cosines(values, key_mask)
+    unit = _unit(values)
+    cosines = (unit * unit[:, :, :1]).sum(-1)
+    mask = nonsink[:, None, :]
+    abs_cos, _ = _nonsink_cosines(values, nonsink)
+    # |cos| of pair (i, j) counts from prefix max(i, j) on: row max over i < j, then a running max.
+    newest = abs_cos.tril(-1).amax(-1)
+    return {
+        "c_lo": torch.where(mask, norms, torch.inf).cummin(-1).values,
+        "c_hi": torch.where(mask, norms, -torch.inf).cummax(-1).values,
+        "mu": newest.cummax(-1).values,
+        "beta_lo": torch.where(mask, cosines, torch.inf).cummin(-1).values,
+        "beta_hi": torch.where(mask, cosines, -torch.inf).cummax(-1).values,
+        "c0": norms[..., :1].expand_as(norms),
+    }
+
+
+@dataclass
+class SinkAwareBounds:
+    """Certified lower bounds on P_N and R_N, ``[batch, head, q, n]`` (NaN where undefined)."""
+
+    n: tuple[int, ...]
+    precision: Float[Tensor, "batch head q n"]
+    recall: Float[Tensor, "batch head q n"]
+    query_positions: Int[Tensor, "batch q"]
+
+
+def _gram_bounds(env: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Bounds on the Gram entries ``⟨v_k, v_l⟩`` by pair type (theory.md, Lemma 1)."""
+    c_lo, c_hi, mu, c0 = env["c_lo"], env["c_hi"], env["mu"], env["c0"]
+    beta_lo, beta_hi = env["beta_lo"], env["beta_hi"]
+    # Empty ranges (no non-sink source yet) must not turn 0 · inf into NaN.
+    c_lo, c_hi = c_lo.clamp(max=torch.finfo(c_lo.dtype).max), c_hi.clamp_min(0)
+    beta_lo, beta_hi = beta_lo.clamp(-1, 1), beta_hi.clamp(-1, 1)
+    return {
+        "diag_lo": c_lo.square(), "diag_hi": c_hi.square(),
+        "pair_hi": mu * c_hi.square(), "pair_lo": -mu * c_hi.square(),
+        "sink_hi": c0 * beta_hi * torch.where(beta_hi >= 0, c_hi, c_lo),
+        "sink_lo": c0 * beta_lo * torch.where(beta_lo >= 0, c_lo, c_hi),
+        "sink_sq": c0.square(),
+    }
+
+
+def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
+    """Bound on ‖Σ w_k v_k‖² for w ≥ 0 from its non-sink ℓ2² ``sum_sq``, ℓ1 ``total`` and sink weight."""
+    return diag * sum_sq + pair * (total.square() - sum_sq) + sink_sq * sink_w.square() + 2 * sink_pair * sink_w * total
+
+
+def sink_aware_bounds(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    n: int | Sequence[int],
+    *,
+    ranking: str | Tensor = "attention",
+    queries: str | Tensor = "all",
+    key_mask: Bool[Tensor, "batch key"] | None = None,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+) -> SinkAwareBounds:
+    """Sink-aware lower bounds on Euclidean ``P_N`` and ``R_N`` (Theorem 1 of ``docs/theory.md``).
+
+    With ``U_i ≥ D_i²`` for selected and ``L_j ≤ D_j²`` for unselected sources (from the regime
+    parameters of the query's prefix and its attention weights)::
+
+        P_N ≥ N / (N + #{j∉S : L_j ≤ max_{i∈S} U_i})      R_N ≥ #{i∈S : U_i < min_{j∉S} L_j} / N
+
+    Valid for any top-N set, so any ``ranking`` works. Shapes as in :func:`tl_geometry.separability`.
+    """
+    _check_inputs(pattern, v)
+    ns = _as_n_tuple(n)
+    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
+    batch, heads, n_sel, n_k = rows.alpha.shape
+    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if key_mask is None else key_mask.bool()
+    env = regime_envelope(rows.values, key_mask)
+    index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
+    g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in _gram_bounds(env).items()}  # [b, h, q, 1]
+
+    alpha, visible = rows.alpha, rows.visible[:, None]
+    is_sink = torch.zeros(n_k, dtype=torch.bool, device=pattern.device)
+    is_sink[0] = True
+    score = torch.where(visible, rows.scores(ranking), -torch.inf)
+    order = top_order(score, min(max(ns), n_k))
+    n_visible = visible.sum(-1)
+    weights = torch.zeros_like(alpha)
+    nan = torch.tensor(torch.nan, dtype=alpha.dtype, device=alpha.device)
+    own_diag = torch.where(is_sink, g["sink_sq"], g["diag_lo"])  # lower bound on ‖v_j‖²
+    slack = 1024 * torch.finfo(alpha.dtype).eps * torch.maximum(g["diag_hi"], g["sink_sq"])
+    precision, recall = [], []
+    for n_value in ns:
+        top = order[..., :n_value]
+        weights.scatter_(-1, top, alpha.gather(-1, top))
+        selected = torch.zeros(alpha.shape, dtype=torch.bool, device=alpha.device).scatter_(-1, top, True)
+        sink_w = weights[..., :1]
+        total = weights[..., 1:].sum(-1, keepdim=True)
+        sum_sq = weights[..., 1:].square().sum(-1, keepdim=True)
+        # U_i: ‖s − y_i‖² = ‖Σ_{k∈S∖i} y_k‖², with i's own weight removed from its pair type.
+        own = torch.where(is_sink, 0.0, alpha)
+        upper = _quadratic(sum_sq - own.square(), total - own, torch.where(is_sink, 0.0, sink_w),
+                           g["diag_hi"], g["pair_hi"], g["sink_hi"], g["sink_sq"])
+        # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ‖s‖² and ⟨v_j, s⟩ bounded by pair type.
+        s_sq_lo = _quadratic(sum_sq, total, sink_w, g["diag_lo"], g["pair_lo"], g["sink_lo"], g["sink_sq"]).clamp_min(0)
+        inner_hi = torch.where(is_sink, g["sink_hi"] * total, g["pair_hi"] * total + g["sink_hi"] * sink_w)
+        lower = alpha.square() * own_diag + s_sq_lo - 2 * alpha * inner_hi
+        unselected = visible & ~selected
+        u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
+        l_min = torch.where(unselected, lower, torch.inf).amin(-1, keepdim=True)
+        # Rounding slack (every term is at most the largest squared norm, weights sum to ≤ 1) keeps
+        # the certificate on the safe side where a bound is attained exactly (e.g. duplicates).
+        outside = (unselected & (lower <= u_max + slack)).sum(-1)
+        inside = (selected & (upper + slack < l_min)).sum(-1)
+        defined = n_visible > n_value
+        precision.append(torch.where(defined, n_value / (n_value + outside.to(alpha.dtype)), nan))
+        recall.append(torch.where(defined, inside.to(alpha.dtype) / n_value, nan))
+    return SinkAwareBounds(ns, torch.stack(precision, -1), torch.stack(recall, -1), rows.qpos)
