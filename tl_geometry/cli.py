@@ -1,7 +1,8 @@
 """The ``tl-geometry`` command line.
 
 ``tl-geometry analyze`` cuts windows from a corpus, streams the model once over them and
-writes the per-head separability (top-N vs random) into a run folder. Errors are one clear
+writes per-head separability (top-N vs random), sink diagnostics, regime certificates and the
+head taxonomy into a run folder. Errors are one clear
 line on stderr and exit code 2.
 """
 
@@ -30,33 +31,9 @@ def _parse_n(text: str) -> tuple[int, ...]:
     return values
 
 
-def _heads_table(result):
-    """One row per head: layer, head, name, then F_N top-N / random / gap per N."""
-    import pandas as pd
-
-    layers, heads = result.n_layers, result.n_heads
-    table = {
-        "layer": [layer for layer in range(layers) for _ in range(heads)],
-        "head": list(range(heads)) * layers,
-    }
-    table["name"] = [f"L{layer}H{head}" for layer, head in zip(table["layer"], table["head"], strict=True)]
-    for metric in ("f_top", "f_random", "gap"):
-        values = result.mean(metric).reshape(layers * heads, -1)
-        for index, n in enumerate(result.n):
-            table[f"{metric}@{n}"] = values[:, index].double().numpy()
-    if result.has_sink:
-        for metric in ("norm_ratio", "sink_cosine", "sink_mass", "c_spread", "coherence_max", "regime_holds"):
-            table[metric] = result.mean(metric).reshape(-1).double().numpy()
-        for metric in ("f_nosink", "f_sink_selected", "f_sink_unselected", "precision_bound", "recall_bound"):
-            values = result.mean(metric).reshape(layers * heads, -1)
-            for index, n in enumerate(result.n):
-                table[f"{metric}@{n}"] = values[:, index].double().numpy()
-    return pd.DataFrame(table)
-
-
 def _analyze(args: argparse.Namespace) -> None:
+    from .analysis import analyze
     from .corpus import load_corpus, make_windows
-    from .geometry import analyze_separability
     from .models import BUNDLED_MODELS, load_model
 
     if args.model not in BUNDLED_MODELS and "/" not in args.model:
@@ -78,13 +55,15 @@ def _analyze(args: argparse.Namespace) -> None:
     windows = make_windows(model, load_corpus(args.corpus), args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
-    result = analyze_separability(
+    analysis = analyze(
         model, windows.tokens, ns, queries=args.queries, repeats=args.repeats, seed=args.seed,
         batch_size=args.batch_size, progress=not args.quiet,
     )
-    result.settings.update(windows.describe())
-    result.save(out / "geometry.safetensors")
-    _heads_table(result).to_csv(out / "heads.csv", index=False)
+    result = analysis.geometry
+    for settings in (result.settings, analysis.taxonomy.settings):
+        settings.update(windows.describe())
+    analysis.save(out)
+    analysis.heads_table().to_csv(out / "heads.csv", index=False)
     summary = result.summary()
     summary.to_csv(out / "summary.csv", index=False)
     (out / "settings.json").write_text(json.dumps(result.settings, indent=1))
@@ -92,7 +71,10 @@ def _analyze(args: argparse.Namespace) -> None:
     for row in summary.itertuples():
         say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
             f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
-    say(f"done in {time.perf_counter() - start:.0f}s; results in {out}/ (heads.csv, summary.csv, geometry.safetensors)")
+    overall = analysis.taxonomy.fractions().iloc[-1]
+    say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
+    say(f"done in {time.perf_counter() - start:.0f}s; results in {out}/ "
+        "(heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
     print(out.resolve())
 
 
@@ -101,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus")
     analyze.add_argument("--model", default="smollm2-135m")
-    analyze.add_argument("--corpus", default="python-reference", help="offline name, hub name, or .txt/.jsonl path")
+    analyze.add_argument("--corpus", default="python-reference", help="offline: python-reference (default), lee-news; hub: wikitext-103, openwebtext; or a .txt/.jsonl path")
     analyze.add_argument("--windows", type=int, default=64)
     analyze.add_argument("--seq-len", type=int, default=256)
     analyze.add_argument("--n", default="1,2,4,8,16,32", help="comma-separated N values")

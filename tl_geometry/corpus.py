@@ -1,8 +1,14 @@
 """Corpora and fixed-length windows (SPEC §9).
 
-A corpus is an ordered list of ``(doc_id, text)``. The default needs no network:
-``"python-reference"`` is the Python Language Reference that ships with every CPython as
-``pydoc_data.topics`` (79 documents, ~465k characters of technical English prose with code).
+A corpus is an ordered list of ``(doc_id, text)``. Two corpora of different domains need no
+network (``docs/design.md`` says why these):
+
+* ``"python-reference"`` (the default): the Python Language Reference that ships with every
+  CPython as ``pydoc_data.topics`` (79 documents, ~465k characters of technical English prose
+  with code);
+* ``"lee-news"``: the Lee, Pincombe & Welsh (2005) corpus of 300 ABC news articles (~360k
+  characters of general-news English), shipped inside the ``gensim`` wheel as test data and
+  read from its files (``pip install --no-deps gensim``; gensim itself is never imported).
 
 Example:
     >>> corpus = load_corpus("python-reference")
@@ -24,7 +30,7 @@ from torch import Tensor
 
 __all__ = ["Corpus", "Windows", "load_corpus", "make_windows", "OFFLINE_CORPORA"]
 
-OFFLINE_CORPORA = ("python-reference",)
+OFFLINE_CORPORA = ("python-reference", "lee-news")
 ONLINE_CORPORA = {"wikitext-103": ("Salesforce/wikitext", "wikitext-103-raw-v1"), "openwebtext": ("Skylion007/openwebtext", None)}
 
 
@@ -56,6 +62,23 @@ def _python_reference() -> Corpus:
     from pydoc_data import topics
 
     return Corpus("python-reference", [(key, text) for key, text in sorted(topics.topics.items())])
+
+
+def _lee_news() -> Corpus:
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("gensim")
+    except importlib.metadata.PackageNotFoundError:
+        raise ModuleNotFoundError(
+            "corpus 'lee-news' is read from the gensim wheel: pip install --no-deps gensim==4.4.0 "
+            "(make analyze / make test install it), or use 'python-reference'."
+        ) from None
+    path = Path(dist.locate_file("gensim/test/test_data/lee_background.cor"))
+    if not path.is_file():
+        raise FileNotFoundError(f"gensim {dist.version} has no {path.name}; install gensim==4.4.0.")
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return Corpus("lee-news", [(f"lee-{i:03d}", line) for i, line in enumerate(lines) if line])
 
 
 def _from_file(path: Path) -> Corpus:
@@ -100,10 +123,12 @@ def _from_hub(name: str) -> Corpus:
 
 
 def load_corpus(spec: str | Path) -> Corpus:
-    """Load a corpus by name (offline: ``python-reference``; online: ``wikitext-103``,
-    ``openwebtext``) or from a ``.txt`` / ``.jsonl`` path."""
+    """Load a corpus by name (offline: ``python-reference``, ``lee-news``; online:
+    ``wikitext-103``, ``openwebtext``) or from a ``.txt`` / ``.jsonl`` path."""
     if isinstance(spec, str) and spec == "python-reference":
         corpus = _python_reference()
+    elif isinstance(spec, str) and spec == "lee-news":
+        corpus = _lee_news()
     elif isinstance(spec, str) and spec in ONLINE_CORPORA:
         corpus = _from_hub(spec)
     elif Path(spec).suffix or Path(spec).exists():

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .adapters import LayerAttention, stream_layers
+from .adapters import LayerAttention
 from .metrics import inversion_bounds, separability, separability_over_rankings
 from .regime import fit_regime, sink_aware_bounds
 from .sink import f_by_sink, sink_geometry
@@ -340,28 +340,10 @@ def analyze_separability(
     Returns:
         :class:`GeometryResult` with per-sequence means ``[seq, n_layers, n_heads, len(n)]``.
     """
-    from tqdm.auto import tqdm
+    from .analysis import analyze
 
-    from .adapters import describe_model
-
-    if tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise ValueError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(tokens.shape)}.")
-    info = describe_model(model)
-    ns = tuple(int(x) for x in (n if isinstance(n, Sequence) else [n]))
-    window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
-    options = {"queries": queries, "distance": distance, "ranking": ranking, "exclude_sink": exclude_sink}
-    acc = SeparabilityAccumulator(info.n_layers, info.n_heads, ns, repeats=repeats, seed=seed, options=options,
-                                  sink=sink)
-    starts = range(0, tokens.shape[0], batch_size)
-    for start in tqdm(starts, desc="windows", unit="batch", disable=not progress):
-        rows = slice(start, start + batch_size)
-        acc.start_batch(window_ids[rows], tokens.shape[1])
-        mask = None if attention_mask is None else attention_mask[rows]
-        stream_layers(model, tokens[rows], lambda layer, att: acc.add_layer(att), attention_mask=mask)
-    settings = {
-        **options, "n": list(ns), "repeats": repeats, "seed": seed, "bootstrap": bootstrap,
-        "model": info.model_name, "model_class": info.model_class,
-        "transformer_lens": info.transformer_lens_version, "processing": info.processing,
-        "n_windows": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
-    }
-    return acc.result(settings)
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(getattr(tokens, 'shape', ()))}.")
+    return analyze(model, tokens, n, attention_mask=attention_mask, queries=queries, distance=distance,
+                   ranking=ranking, exclude_sink=exclude_sink, repeats=repeats, seed=seed, batch_size=batch_size, window_ids=window_ids,
+                   bootstrap=bootstrap, sink=sink, progress=progress).geometry

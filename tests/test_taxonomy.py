@@ -1,0 +1,110 @@
+"""Head taxonomy: hand-built patterns with labels fixed by the rule, loop oracle, GQA, padding, merging."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tl_geometry.taxonomy import HeadTaxonomy, offset_counts, vote_counts, winner_sources
+
+from .inputs import random_attention
+
+
+def _taxonomy(pattern, v, **kw):
+    return HeadTaxonomy.from_votes(vote_counts(pattern, v, **kw).sum(0, keepdim=True))
+
+
+def test_identity_is_retriever():
+    pattern = torch.eye(6)[None, None]
+    assert _taxonomy(pattern, torch.ones(1, 6, 1, 3)).labels.tolist() == [["retriever"]]
+
+
+def test_all_mass_on_a_large_sink_is_mixer():
+    pattern = torch.zeros(1, 1, 6, 6)
+    pattern[..., 0] = 1.0
+    v = torch.ones(1, 6, 1, 3)
+    v[:, 0] *= 5
+    tax = _taxonomy(pattern, v)
+    assert tax.labels.tolist() == [["mixer"]] and tax.shares[0, 0].tolist() == [0.0, 1.0, 0.0]
+
+
+def test_previous_token_is_reset_with_offset_one():
+    pattern = torch.zeros(1, 1, 6, 6)
+    pattern[0, 0, 0, 0] = 1
+    pattern[0, 0, torch.arange(1, 6), torch.arange(0, 5)] = 1
+    pattern[0, 0, 1] = torch.tensor([0.4, 0.6, 0, 0, 0, 0])  # query 1: the previous token is the sink
+    v = torch.ones(1, 6, 1, 2)
+    winners = winner_sources(pattern, v)
+    assert winners.tolist() == [[[-1, 1, 1, 2, 3, 4]]]
+    tax = HeadTaxonomy.from_votes(vote_counts(pattern, v), offset_counts(winners, torch.arange(6)[None], 6))
+    assert tax.labels.tolist() == [["reset"]] and tax.dominant_offset.tolist() == [[1]]
+
+
+def test_exact_vote_ties_are_reset():
+    # queries 1, 2 vote current; 3, 4 vote sink: a tie between two regimes
+    pattern = torch.zeros(1, 1, 5, 5)
+    pattern[0, 0, 0, 0] = pattern[0, 0, 1, 1] = pattern[0, 0, 2, 2] = 1
+    pattern[0, 0, 3, 0] = pattern[0, 0, 4, 0] = 1
+    tax = _taxonomy(pattern, torch.ones(1, 5, 1, 2))
+    assert tax.votes.tolist() == [[[2, 2, 0]]] and tax.labels.tolist() == [["reset"]]
+    assert HeadTaxonomy.from_votes(torch.zeros(1, 1, 3)).labels.tolist() == [["reset"]]  # no votes at all
+
+
+def test_ties_in_winner_go_to_the_lower_position():
+    pattern = torch.full((1, 1, 3, 3), 1 / 3).tril()
+    pattern[0, 0, 1] = torch.tensor([0.5, 0.5, 0])
+    pattern[0, 0, 0] = torch.tensor([1.0, 0, 0])
+    assert winner_sources(pattern, torch.ones(1, 3, 1, 2)).tolist() == [[[-1, 0, 0]]]
+
+
+def oracle_winners(pattern, v, key_mask):
+    batch, heads, n_q, _ = pattern.shape
+    group = heads // v.shape[2]
+    out = torch.full((batch, heads, n_q), -1, dtype=torch.long)
+    for b in range(batch):
+        for h in range(heads):
+            for t in range(1, n_q):
+                if not key_mask[b, t]:
+                    continue
+                scores = [float(pattern[b, h, t, j] * v[b, j, h // group].norm()) for j in range(t + 1)]
+                out[b, h, t] = max(range(t + 1), key=lambda j: (scores[j], -j))
+    return out
+
+
+@pytest.mark.parametrize("kv,lengths", [(2, None), (1, [9, 5]), (4, [6, 9])])
+def test_agrees_with_loop_oracle_gqa_and_padding(kv, lengths):
+    pattern, v, key_mask = random_attention(2, 4, kv, 9, seed=kv, lengths=lengths, peaked=3.0)
+    got = winner_sources(pattern, v, key_mask=key_mask, query_mask=key_mask)
+    assert torch.equal(got, oracle_winners(pattern, v, key_mask))
+
+
+def test_votes_add_over_any_batch_split():
+    pattern, v, key_mask = random_attention(5, 4, 2, 8, seed=3, lengths=[8, 6, 8, 3, 7], peaked=2.0)
+    whole = vote_counts(pattern, v, key_mask=key_mask, query_mask=key_mask).sum(0)
+    parts = sum(vote_counts(pattern[i:j], v[i:j], key_mask=key_mask[i:j], query_mask=key_mask[i:j]).sum(0)
+                for i, j in ((0, 2), (2, 3), (3, 5)))
+    assert torch.equal(whole, parts)
+    real_queries = (key_mask[:, 1:].sum() * 4).item()  # every real query but position 0 votes, per head
+    assert whole.sum().item() == real_queries
+
+
+def test_agreement_kappa_and_io(tmp_path):
+    votes = torch.tensor([[[5, 1, 1], [0, 9, 2], [1, 1, 7]], [[3, 3, 0], [8, 0, 1], [0, 4, 1]]])
+    tax = HeadTaxonomy.from_votes(votes, torch.randint(0, 5, (2, 3, 6)), {"model": "x"})
+    assert tax.agreement(tax) == {"agreement": 1.0, "kappa": 1.0}
+    flipped = HeadTaxonomy.from_votes(votes.flip(-1))
+    stats = tax.agreement(flipped)
+    a, b = tax.label_ids.flatten(), flipped.label_ids.flatten()
+    p_o = (a == b).float().mean().item()
+    p_e = sum((a == k).float().mean().item() * (b == k).float().mean().item() for k in range(3))
+    assert stats["agreement"] == pytest.approx(p_o) and stats["kappa"] == pytest.approx((p_o - p_e) / (1 - p_e))
+    assert tax.heads("mixer") == [(0, 1), (1, 2)] and tax.heads("reset") == [(0, 2), (1, 0)]
+    tax.save(tmp_path / "t.safetensors")
+    back = HeadTaxonomy.load(tmp_path / "t.safetensors")
+    assert torch.equal(back.votes, tax.votes) and torch.equal(back.offsets, tax.offsets) and back.settings == {"model": "x"}
+    frame = tax.to_dataframe()
+    assert set(frame.columns) == {"layer", "head", "name", "regime", "metric", "value"}
+    fractions = tax.fractions()
+    assert fractions.iloc[-1]["layer"] == "all" and (fractions[["retriever", "mixer", "reset"]].sum(axis=1) - 1).abs().max() < 1e-12
+    merged = tax.merge(tax)
+    assert torch.equal(merged.votes, 2 * tax.votes) and (merged.labels == tax.labels).all()

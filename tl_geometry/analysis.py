@@ -1,0 +1,212 @@
+"""One streamed pass for notebooks: separability, sink diagnostics, regime fit and taxonomy.
+
+Example:
+    >>> import tl_geometry as tlg
+    >>> res = tlg.analyze(model, ["The cat sat on the mat.", "Paris is the capital of France."])  # doctest: +SKIP
+    >>> res.taxonomy.heads("mixer")[:3]                                                       # doctest: +SKIP
+    [(0, 1), (0, 4), (1, 0)]
+    >>> res.geometry.mean("gap").shape, res.heads_table().columns[:6].tolist()              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .adapters import describe_model, stream_layers
+from .geometry import GeometryResult, SeparabilityAccumulator
+from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
+
+__all__ = ["Analysis", "analyze", "classify_heads", "tokenize_texts"]
+
+
+@dataclass
+class Analysis:
+    """Everything one pass measured. ``geometry`` holds separability (top-N vs random), the sink
+    diagnostics and the regime certificates per sequence; ``taxonomy`` the head regimes."""
+
+    geometry: GeometryResult
+    taxonomy: HeadTaxonomy
+
+    def heads_table(self):
+        """One row per head: layer, head, name, regime, vote shares, dominant offset, then F_N
+        top-N / random / gap per N and, when measured, the sink statistics. A DataFrame."""
+        import pandas as pd
+
+        geo, tax = self.geometry, self.taxonomy
+        layers, heads = tax.shape
+        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
+        table: dict[str, Any] = {"layer": grid[:, 0].numpy(), "head": grid[:, 1].numpy()}
+        table["name"] = [f"L{a}H{b}" for a, b in grid.tolist()]
+        table["regime"] = tax.labels.reshape(-1)
+        for i, vote in enumerate(VOTES):
+            table[f"share_{vote}"] = tax.shares[..., i].reshape(-1).double().numpy()
+        table["dominant_offset"] = tax.dominant_offset.reshape(-1).numpy()
+        by_n = ["f_top", "f_random", "gap"]
+        if geo.has_sink:
+            for metric in ("norm_ratio", "sink_cosine", "sink_mass", "c_spread", "coherence_max", "regime_holds"):
+                table[metric] = geo.mean(metric).reshape(-1).double().numpy()
+            by_n += ["f_nosink", "f_sink_selected", "f_sink_unselected", "align_sink", "align_current",
+                     "precision_bound", "recall_bound"]
+        for metric in by_n:
+            values = geo.mean(metric).reshape(layers * heads, -1)
+            for index, n in enumerate(geo.n):
+                table[f"{metric}@{n}"] = values[:, index].double().numpy()
+        return pd.DataFrame(table)
+
+    def regime_means(self, metric: str):
+        """Mean of a per-head geometry metric within each regime (e.g. ``"align_sink"`` for C7).
+        A DataFrame indexed by regime, with one column per N where the metric has an N axis."""
+        import pandas as pd
+
+        values = self.geometry.mean(metric)
+        ids = self.taxonomy.label_ids
+        rows = {}
+        for i, regime in enumerate(REGIMES):
+            chosen = values[ids == i]
+            rows[regime] = chosen.nanmean(0).tolist() if chosen.numel() else [float("nan")] * max(1, values[0, 0].numel())
+        columns = [f"N={n}" for n in self.geometry.n] if values.ndim == 3 else [metric]
+        return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+
+    def save(self, folder: str | Path) -> None:
+        """``geometry.safetensors`` and ``taxonomy.safetensors`` in ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.geometry.save(folder / "geometry.safetensors")
+        self.taxonomy.save(folder / "taxonomy.safetensors")
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Analysis:
+        folder = Path(folder)
+        return cls(GeometryResult.load(folder / "geometry.safetensors"), HeadTaxonomy.load(folder / "taxonomy.safetensors"))
+
+
+def tokenize_texts(model: Any, texts: Sequence[str]) -> tuple[Int[Tensor, "seq pos"], Int[Tensor, "seq pos"]]:
+    """BOS + each text's tokens (no other special tokens), right-padded: ``(tokens, attention_mask)``."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError("the model has no tokenizer: pass token ids [seq, pos] instead of texts.")
+    if tokenizer.bos_token_id is None:
+        raise ValueError("the tokenizer has no BOS token; geometry needs the sink at position 0. Pass token ids.")
+    ids = [[tokenizer.bos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]] for text in texts]
+    length = max(len(row) for row in ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
+    tokens = torch.full((len(ids), length), pad, dtype=torch.long)
+    mask = torch.zeros(len(ids), length, dtype=torch.long)
+    for i, row in enumerate(ids):
+        tokens[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = 1
+    return tokens, mask
+
+
+def _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None) -> None:
+    """Stream the model over the windows batch by batch (tqdm bar per batch)."""
+    from tqdm.auto import tqdm
+
+    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="windows", unit="batch", disable=not progress):
+        rows = slice(start, start + batch_size)
+        if on_batch is not None:
+            on_batch(rows)
+        mask = None if attention_mask is None else attention_mask[rows]
+        stream_layers(model, tokens[rows], on_layer, attention_mask=mask)
+
+
+def _as_tokens(model, tokens_or_texts, attention_mask):
+    if isinstance(tokens_or_texts, str):
+        tokens_or_texts = [tokens_or_texts]
+    if isinstance(tokens_or_texts, Tensor):
+        tokens = tokens_or_texts if tokens_or_texts.ndim == 2 else tokens_or_texts[None]
+        return tokens, attention_mask
+    texts = list(tokens_or_texts)
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError("pass token ids [seq, pos] or a non-empty list of strings.")
+    if attention_mask is not None:
+        raise ValueError("attention_mask is built from the texts; pass it only with token ids.")
+    return tokenize_texts(model, texts)
+
+
+def analyze(
+    model: Any,
+    tokens_or_texts: Tensor | Sequence[str] | str,
+    n: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    *,
+    attention_mask: Int[Tensor, "seq pos"] | None = None,
+    queries: str = "last",
+    taxonomy_queries: str = "all",
+    distance: str = "euclidean",
+    ranking: str = "attention",
+    exclude_sink: bool = False,
+    repeats: int = 16,
+    seed: int = 0,
+    batch_size: int = 8,
+    window_ids: Int[Tensor, " seq"] | None = None,
+    bootstrap: int = 2000,
+    sink: bool = True,
+    progress: bool = True,
+) -> Analysis:
+    """Stream ``model`` once over the windows and measure everything (SPEC §1-7).
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge``.
+        tokens_or_texts: ``[seq, pos]`` token ids (BOS first) or texts (BOS is prepended).
+        n, queries, distance, ranking, exclude_sink, repeats, seed, batch_size, window_ids, bootstrap, sink:
+            as in :func:`tl_geometry.analyze_separability`.
+        taxonomy_queries: queries that vote for the taxonomy (default every query, SPEC §7).
+        progress: a tqdm bar per window batch.
+
+    Returns:
+        :class:`Analysis` with ``geometry`` (``[seq, layer, head, n]`` per-sequence values) and
+        ``taxonomy`` (labels ``[layer, head]``).
+    """
+    tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
+    if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
+        raise ValueError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
+    info = describe_model(model)
+    ns = tuple(int(x) for x in (n if isinstance(n, Sequence) else [n]))
+    window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
+    options = {"queries": queries, "distance": distance, "ranking": ranking, "exclude_sink": exclude_sink}
+    geometry = SeparabilityAccumulator(info.n_layers, info.n_heads, ns, repeats=repeats, seed=seed, options=options,
+                                       sink=sink)
+    taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=taxonomy_queries)
+
+    def on_layer(layer, att):
+        geometry.add_layer(att)
+        taxonomy.add_layer(att)
+
+    def on_batch(rows: slice) -> None:
+        geometry.start_batch(window_ids[rows], tokens.shape[1])
+
+    _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch)
+    settings = {
+        **options, "n": list(ns), "repeats": repeats, "seed": seed, "bootstrap": bootstrap,
+        "taxonomy_queries": taxonomy_queries, "model": info.model_name, "model_class": info.model_class,
+        "transformer_lens": info.transformer_lens_version, "processing": info.processing,
+        "n_windows": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+    }
+    return Analysis(geometry.result(settings), taxonomy.result(settings))
+
+
+def classify_heads(
+    model: Any,
+    tokens_or_texts: Tensor | Sequence[str] | str,
+    *,
+    attention_mask: Int[Tensor, "seq pos"] | None = None,
+    queries: str = "all",
+    batch_size: int = 8,
+    progress: bool = True,
+) -> HeadTaxonomy:
+    """Head taxonomy alone: one streamed pass accumulating winner-source votes (SPEC §7)."""
+    tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
+    if tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError(f"need at least one window of tokens; got shape {tuple(tokens.shape)}.")
+    info = describe_model(model)
+    taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=queries)
+    _stream_windows(model, tokens, attention_mask, batch_size, progress, lambda layer, att: taxonomy.add_layer(att))
+    return taxonomy.result({"model": info.model_name, "queries": queries, "n_windows": int(tokens.shape[0]),
+                            "seq_len": int(tokens.shape[1])})

@@ -1,0 +1,231 @@
+"""Parameter-free head taxonomy (SPEC §7): Retriever / Mixer / Reset from winner-source votes.
+
+Each query ``t`` votes for its winner source ``w(t) = argmax_j α[t, j]·‖v_j‖`` (ties to the lower
+position): ``current`` if ``w(t) = t``, ``sink`` if ``w(t) = 0``, ``other`` otherwise. Query 0
+(where current = sink) and pad queries cast no vote. A head's label is the plurality of its
+votes over all analysed queries and sequences: ``retriever`` (current), ``mixer`` (sink), and
+``reset`` when ``other`` leads or the lead is tied. Vote shares are the confidence; the dominant
+offset ``t − w(t)`` of ``other`` votes tells a previous-token head (offset 1) from a diffuse one.
+
+Example:
+    >>> import torch
+    >>> pattern = torch.eye(4)[None, None]            # every query attends to itself
+    >>> v = torch.ones(1, 4, 1, 2)
+    >>> winner_sources(pattern, v).tolist()           # query 0 casts no vote
+    [[[-1, 1, 2, 3]]]
+    >>> HeadTaxonomy.from_votes(vote_counts(pattern, v)).labels.tolist()   # [batch, head] as [layer, head]
+    [['retriever']]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from .metrics import query_rows
+
+__all__ = ["REGIMES", "VOTES", "winner_sources", "vote_counts", "votes_from_winners", "offset_counts", "HeadTaxonomy",
+           "TaxonomyAccumulator"]
+
+VOTES = ("current", "sink", "other")
+REGIMES = ("retriever", "mixer", "reset")  # the label of a plurality of VOTES[i] is REGIMES[i]
+
+
+def _winners(pattern, v, queries, key_mask, query_mask) -> tuple[Tensor, Tensor]:
+    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
+    score = rows.alpha * rows.per_head(rows.value_norm)[:, :, None, :]
+    score = torch.where(rows.visible[:, None], score, -torch.inf)
+    winner = score.argmax(-1)  # the first maximum: ties go to the lower position
+    votes = rows.valid & (rows.qpos > 0)
+    return torch.where(votes[:, None], winner, -1), rows.qpos
+
+
+def winner_sources(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    *,
+    queries: str | Tensor = "all",
+    key_mask: Bool[Tensor, "batch key"] | None = None,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+) -> Int[Tensor, "batch head q"]:
+    """Winner source of every chosen query: ``argmax_j α[t, j]·‖v_j‖`` over the visible real keys,
+    ties to the lower position; ``-1`` for queries that cast no vote (pads and position 0)."""
+    return _winners(pattern, v, queries, key_mask, query_mask)[0]
+
+
+def votes_from_winners(winners: Int[Tensor, "batch head q"], qpos: Int[Tensor, "batch q"]) -> Int[Tensor, "batch head 3"]:
+    """Counts of (current, sink, other) votes; ``-1`` winners cast none."""
+    t = qpos[:, None, :].expand_as(winners)
+    kinds = torch.stack([winners == t, winners == 0, (winners > 0) & (winners != t)], -1)
+    return kinds.sum(2)
+
+
+def vote_counts(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    *,
+    queries: str | Tensor = "all",
+    key_mask: Bool[Tensor, "batch key"] | None = None,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+) -> Int[Tensor, "batch head 3"]:
+    """Votes per sequence and head, ``[..., (current, sink, other)]``."""
+    return votes_from_winners(*_winners(pattern, v, queries, key_mask, query_mask))
+
+
+def offset_counts(winners: Int[Tensor, "batch head q"], qpos: Int[Tensor, "batch q"], n_pos: int
+                  ) -> Int[Tensor, "batch head offset"]:
+    """Histogram of ``t − w(t)`` over ``other`` votes, ``[..., offset 0..n_pos-1]`` (offset 0 stays empty)."""
+    t = qpos[:, None, :].expand_as(winners)
+    other = (winners > 0) & (winners != t)
+    offsets = torch.where(other, t - winners, 0)
+    counts = torch.zeros(*winners.shape[:2], n_pos, dtype=torch.long, device=winners.device)
+    return counts.scatter_add_(-1, offsets, other.long())
+
+
+@dataclass
+class HeadTaxonomy:
+    """Regime of every head of a model, from votes summed over sequences and queries.
+
+    Attributes:
+        votes: ``[n_layers, n_heads, 3]`` counts of (current, sink, other) votes.
+        offsets: ``[n_layers, n_heads, max_offset]`` counts of ``t − w(t)`` among ``other`` votes.
+        settings: how the votes were collected (model, corpus, queries, …).
+    """
+
+    votes: Int[Tensor, "layer head 3"]
+    offsets: Int[Tensor, "layer head offset"] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_votes(cls, votes: Tensor, offsets: Tensor | None = None, settings: dict | None = None) -> HeadTaxonomy:
+        return cls(votes.long(), None if offsets is None else offsets.long(), dict(settings or {}))
+
+    @property
+    def label_ids(self) -> Int[Tensor, "layer head"]:
+        """0 = retriever, 1 = mixer, 2 = reset (plurality; ties and empty heads are reset)."""
+        top = self.votes.amax(-1, keepdim=True)
+        unique = (self.votes == top).sum(-1) == 1
+        winner = self.votes.argmax(-1)
+        return torch.where(unique & (top[..., 0] > 0), winner, 2)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """``[n_layers, n_heads]`` array of ``"retriever" | "mixer" | "reset"``."""
+        return np.array(REGIMES, dtype=object)[self.label_ids.numpy()]
+
+    @property
+    def shares(self) -> Float[Tensor, "layer head 3"]:
+        """Vote shares (current, sink, other); NaN for a head without votes."""
+        total = self.votes.sum(-1, keepdim=True)
+        return self.votes / total.where(total > 0, torch.nan)
+
+    @property
+    def dominant_offset(self) -> Int[Tensor, "layer head"]:
+        """Most frequent ``t − w(t)`` among ``other`` votes (ties to the smaller offset); -1 without any."""
+        if self.offsets is None:
+            raise ValueError("this taxonomy was built without offset counts.")
+        any_other = self.offsets.sum(-1) > 0
+        return torch.where(any_other, self.offsets.argmax(-1), -1)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.votes.shape[:2])
+
+    def heads(self, regime: str) -> list[tuple[int, int]]:
+        """``(layer, head)`` of every head labelled ``regime``, in layer-major order."""
+        if regime not in REGIMES:
+            raise ValueError(f"regime must be one of {REGIMES}; got {regime!r}.")
+        return [tuple(x) for x in (self.label_ids == REGIMES.index(regime)).nonzero().tolist()]
+
+    def fractions(self):
+        """Regime shares per layer and for the whole model (``layer = "all"``): a DataFrame."""
+        import pandas as pd
+
+        ids = self.label_ids
+        rows = [{"layer": layer, **{r: float((ids[layer] == i).double().mean()) for i, r in enumerate(REGIMES)}}
+                for layer in range(ids.shape[0])]
+        rows.append({"layer": "all", **{r: float((ids == i).double().mean()) for i, r in enumerate(REGIMES)}})
+        return pd.DataFrame(rows)
+
+    def to_dataframe(self):
+        """Long format: ``layer, head, name, regime, metric, value`` with the vote counts, shares
+        and (when known) the dominant offset."""
+        import pandas as pd
+
+        layers, heads = self.shape
+        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads)).numpy()
+        base = {"layer": grid[:, 0], "head": grid[:, 1], "name": [f"L{a}H{b}" for a, b in grid],
+                "regime": self.labels.reshape(-1)}
+        metrics = {f"votes_{k}": self.votes[..., i] for i, k in enumerate(VOTES)}
+        metrics.update({f"share_{k}": self.shares[..., i] for i, k in enumerate(VOTES)})
+        if self.offsets is not None:
+            metrics["dominant_offset"] = self.dominant_offset
+        frames = [pd.DataFrame({**base, "metric": name, "value": value.reshape(-1).double().numpy()})
+                  for name, value in metrics.items()]
+        return pd.concat(frames, ignore_index=True)
+
+    def agreement(self, other: HeadTaxonomy) -> dict[str, float]:
+        """Fraction of equal labels and Cohen's kappa between two taxonomies of the same model."""
+        if self.shape != other.shape:
+            raise ValueError(f"taxonomies of different models: {self.shape} vs {other.shape} heads.")
+        a, b = self.label_ids.flatten(), other.label_ids.flatten()
+        observed = float((a == b).float().mean())
+        expected = sum(float((a == k).float().mean() * (b == k).float().mean()) for k in range(len(REGIMES)))
+        kappa = 1.0 if expected == 1 else (observed - expected) / (1 - expected)
+        return {"agreement": observed, "kappa": kappa}
+
+    def merge(self, other: HeadTaxonomy) -> HeadTaxonomy:
+        """Votes of two disjoint sets of windows (any split, any order): counts add."""
+        if self.shape != other.shape:
+            raise ValueError("cannot merge taxonomies of different models.")
+        offsets = None
+        if self.offsets is not None and other.offsets is not None:
+            width = max(self.offsets.shape[-1], other.offsets.shape[-1])
+            offsets = torch.nn.functional.pad(self.offsets, (0, width - self.offsets.shape[-1])) + \
+                torch.nn.functional.pad(other.offsets, (0, width - other.offsets.shape[-1]))
+        return HeadTaxonomy(self.votes + other.votes, offsets, dict(self.settings))
+
+    def save(self, path: str | Path) -> None:
+        """One safetensors file (counts) with the settings as JSON metadata."""
+        from safetensors.torch import save_file
+
+        tensors = {"votes": self.votes.contiguous()}
+        if self.offsets is not None:
+            tensors["offsets"] = self.offsets.contiguous()
+        save_file(tensors, str(path), metadata={"kind": "HeadTaxonomy", "settings": json.dumps(self.settings)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> HeadTaxonomy:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("kind") != "HeadTaxonomy":
+                raise ValueError(f"{path} does not hold a HeadTaxonomy (kind={meta.get('kind')!r}).")
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        return cls(tensors["votes"], tensors.get("offsets"), json.loads(meta["settings"]))
+
+
+class TaxonomyAccumulator:
+    """Votes and offset counts of every layer during a streamed forward (counts add over batches)."""
+
+    def __init__(self, n_layers: int, n_heads: int, n_pos: int, *, queries: str | Tensor = "all"):
+        self.votes = torch.zeros(n_layers, n_heads, 3, dtype=torch.long)
+        self.offsets = torch.zeros(n_layers, n_heads, n_pos, dtype=torch.long)
+        self.queries = queries
+
+    def add_layer(self, att) -> None:
+        """``att``: a :class:`tl_geometry.adapters.LayerAttention`."""
+        winners, qpos = _winners(att.pattern, att.v, self.queries, att.key_mask, att.query_mask)
+        self.votes[att.layer] += votes_from_winners(winners, qpos).sum(0).cpu()
+        self.offsets[att.layer] += offset_counts(winners, qpos, self.offsets.shape[-1]).sum(0).cpu()
+
+    def result(self, settings: dict[str, Any]) -> HeadTaxonomy:
+        return HeadTaxonomy(self.votes.clone(), self.offsets.clone(), dict(settings))
