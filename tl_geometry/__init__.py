@@ -7,6 +7,17 @@
 from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
 from .analysis import Analysis, analyze, classify_heads, tokenize_texts
 from .geometry import GeometryResult, analyze_separability
+from .interventions import (
+    ABLATION_MODES,
+    IMPORTANCE_METHODS,
+    HeadAblation,
+    ablate_heads,
+    ablate_regime,
+    head_importance,
+    pruning_curve,
+    single_head_scan,
+    topn_deletion,
+)
 from .metrics import (
     Separability,
     inversion_bounds,
@@ -22,6 +33,15 @@ from .taxonomy import REGIMES, HeadTaxonomy, vote_counts, winner_sources
 __version__ = "0.1.0"
 
 __all__ = [
+    "ABLATION_MODES",
+    "IMPORTANCE_METHODS",
+    "HeadAblation",
+    "ablate_heads",
+    "ablate_regime",
+    "head_importance",
+    "pruning_curve",
+    "single_head_scan",
+    "topn_deletion",
     "Analysis",
     "analyze",
     "classify_heads",
