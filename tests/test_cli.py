@@ -31,7 +31,7 @@ def test_analyze_writes_results(capsys, smollm2, tmp_path):
     out = tmp_path / "run"
     code = main(["analyze", "--windows", "2", "--seq-len", "32", "--n", "1,4", "--repeats", "2",
                  "--out", str(out), "--quiet"])
-    assert code == 0 and capsys.readouterr().out.strip() == str(out.resolve())
+    assert code == 0 and capsys.readouterr().out.strip() == str((out / "report.html").resolve())
     heads = pd.read_csv(out / "heads.csv")
     assert len(heads) == 30 * 9 and {"f_top@1", "f_random@4", "gap@4"} <= set(heads.columns)
     assert (heads["f_top@1"] == 1).all() and heads["name"].iloc[10] == "L1H1"
@@ -41,3 +41,50 @@ def test_analyze_writes_results(capsys, smollm2, tmp_path):
     from tl_geometry import Analysis
 
     assert Analysis.load(out).taxonomy.labels.shape == (30, 9)
+
+
+@pytest.mark.slow
+def test_interrupted_analyze_resumes_to_identical_results(capsys, smollm2, tmp_path, monkeypatch):
+    import pandas as pd
+
+    import tl_geometry.analysis as analysis_module
+
+    args = ["analyze", "--windows", "4", "--seq-len", "24", "--n", "1,2", "--repeats", "2", "--batch-size", "1", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real_stream, calls = analysis_module.stream_layers, {"n": 0}
+
+    def interrupted(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_stream(*a, **k)
+
+    monkeypatch.setattr(analysis_module, "stream_layers", interrupted)
+    assert main([*args, "--out", str(tmp_path / "cut")]) == 130
+    assert "--resume" in capsys.readouterr().err and (tmp_path / "cut" / "checkpoint.safetensors").is_file()
+    monkeypatch.setattr(analysis_module, "stream_layers", real_stream)
+    assert main([*args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
+    assert not (tmp_path / "cut" / "checkpoint.safetensors").exists()
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "cut" / "heads.csv"), pd.read_csv(tmp_path / "whole" / "heads.csv"))
+
+
+@pytest.mark.slow
+def test_prune_and_report_fill_the_same_run(capsys, smollm2, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "run"
+    assert main(["analyze", "--windows", "2", "--seq-len", "24", "--n", "1,2", "--repeats", "2", "--out", str(out),
+                 "--quiet"]) == 0
+    assert main(["prune", str(out), "--windows", "2", "--seq-len", "24", "--scan-windows", "1", "--scan-seq-len", "8",
+                 "--quiet"]) == 0
+    curve = pd.read_csv(out / "pruning.csv")
+    assert set(curve["method"]) == {"magnitude", "entropy", "gradient", "random", "taxonomy"}
+    assert (curve[curve.retention == 1.0]["delta_nll"] == 0).all()
+    assert len(pd.read_csv(out / "single_head_scan.csv")) == 30 * 9 and (out / "topn.csv").is_file()
+    (out / "report.html").unlink()
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert capsys.readouterr().out.strip() == str((out / "report.html").resolve())
+    assert "Pruning curves" in page and "Single-head removal" in page and "Inside one head" in page
+    assert main(["report", str(tmp_path / "nothing")]) == 2

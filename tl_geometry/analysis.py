@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,16 +107,57 @@ def tokenize_texts(model: Any, texts: Sequence[str]) -> tuple[Int[Tensor, "seq p
     return tokens, mask
 
 
-def _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None) -> None:
-    """Stream the model over the windows batch by batch (tqdm bar per batch)."""
+class Checkpoint:
+    """Atomic checkpoint of a streamed analysis: the per-sequence values and votes of the batches
+    done so far (safetensors, written to a temporary file then renamed). A run killed at any
+    moment loses at most the batch in flight; a checkpoint of other settings is refused."""
+
+    def __init__(self, path: str | Path, key: dict[str, Any]):
+        self.path, self.key = Path(path), json.dumps(key, sort_keys=True)
+
+    def restore(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> int:
+        """Load the saved state into the accumulators; returns the number of windows done."""
+        from safetensors import safe_open
+
+        if not self.path.is_file():
+            return 0
+        with safe_open(str(self.path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("key") != self.key:
+                raise ValueError(
+                    f"checkpoint {str(self.path)!r} was written by a run with other settings (model, windows, N, "
+                    "queries, seed or repeats); delete it or choose another output folder."
+                )
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        ids = tensors.pop("window_ids")
+        taxonomy.votes, taxonomy.offsets = tensors.pop("votes"), tensors.pop("offsets")
+        geometry.batches, geometry.window_ids = [tensors], [ids]
+        return int(ids.numel())
+
+    def save(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {k: torch.cat([b[k] for b in geometry.batches]).contiguous() for k in geometry.batches[0]}
+        tensors.update(window_ids=torch.cat(geometry.window_ids), votes=taxonomy.votes, offsets=taxonomy.offsets)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        save_file(tensors, str(tmp), metadata={"key": self.key})
+        tmp.replace(self.path)
+
+
+def _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None,
+                    after_batch=None, first: int = 0) -> None:
+    """Stream the model over the windows ``first..`` batch by batch (tqdm bar per batch)."""
     from tqdm.auto import tqdm
 
-    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="windows", unit="batch", disable=not progress):
+    starts = range(first, tokens.shape[0], batch_size)
+    for start in tqdm(starts, desc="windows", unit="batch", disable=not progress, initial=0):
         rows = slice(start, start + batch_size)
         if on_batch is not None:
             on_batch(rows)
         mask = None if attention_mask is None else attention_mask[rows]
         stream_layers(model, tokens[rows], on_layer, attention_mask=mask)
+        if after_batch is not None:
+            after_batch()
 
 
 def _as_tokens(model, tokens_or_texts, attention_mask):
@@ -148,6 +191,7 @@ def analyze(
     window_ids: Int[Tensor, " seq"] | None = None,
     bootstrap: int = 2000,
     sink: bool = True,
+    checkpoint: str | Path | None = None,
     progress: bool = True,
 ) -> Analysis:
     """Stream ``model`` once over the windows and measure everything (SPEC §1-7).
@@ -158,6 +202,8 @@ def analyze(
         n, queries, distance, ranking, exclude_sink, repeats, seed, batch_size, window_ids, bootstrap, sink:
             as in :func:`tl_geometry.analyze_separability`.
         taxonomy_queries: queries that vote for the taxonomy (default every query, SPEC §7).
+        checkpoint: a file updated after every batch; if it exists (same settings and windows) the
+            run resumes after its last batch, with results identical to an uninterrupted run.
         progress: a tqdm bar per window batch.
 
     Returns:
@@ -182,13 +228,27 @@ def analyze(
     def on_batch(rows: slice) -> None:
         geometry.start_batch(window_ids[rows], tokens.shape[1])
 
-    _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch)
     settings = {
         **options, "n": list(ns), "repeats": repeats, "seed": seed, "bootstrap": bootstrap,
         "taxonomy_queries": taxonomy_queries, "model": info.model_name, "model_class": info.model_class,
         "transformer_lens": info.transformer_lens_version, "processing": info.processing,
         "n_windows": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
     }
+    done, save = 0, None
+    if checkpoint is not None:
+        digest = hashlib.sha256(tokens.cpu().numpy().tobytes())
+        if attention_mask is not None:
+            digest.update(attention_mask.cpu().numpy().tobytes())
+        state = Checkpoint(checkpoint, {**settings, "sink": sink, "batch_size": batch_size, "tokens": digest.hexdigest(),
+                                        "window_ids": window_ids.tolist()})
+        done = state.restore(geometry, taxonomy)
+        if done % batch_size and done < tokens.shape[0]:
+            raise ValueError(f"checkpoint {str(checkpoint)!r} holds {done} windows, not a whole number of batches.")
+
+        def save() -> None:
+            state.save(geometry, taxonomy)
+
+    _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch, save, first=done)
     return Analysis(geometry.result(settings), taxonomy.result(settings))
 
 

@@ -31,6 +31,72 @@ def _parse_n(text: str) -> tuple[int, ...]:
     return values
 
 
+def _writable_folder(out: Path) -> Path:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".write-test").write_text("")
+        (out / ".write-test").unlink()
+    except OSError as exc:
+        raise CliError(f"output folder {str(out)!r} is not writable ({exc.strerror})") from None
+    return out
+
+
+def _run_folder(path: str) -> Path:
+    run = Path(path)
+    if not (run / "geometry.safetensors").is_file() or not (run / "taxonomy.safetensors").is_file():
+        raise CliError(f"{path!r} is not a finished run folder (no geometry/taxonomy results): run tl-geometry analyze first")
+    return run
+
+
+def _drilldowns(model, analysis, windows, out: Path) -> None:
+    """Drill-down figures of the most confident head of each regime on the first window, saved as
+    JSON so ``tl-geometry report`` can rebuild the page without the model."""
+    from .plots import head_drilldown
+    from .taxonomy import REGIMES
+
+    tokenizer = model.tokenizer
+    text = tokenizer.decode(windows.tokens[0, 1:65].tolist())
+    tax = analysis.taxonomy
+    for i, regime in enumerate(REGIMES):
+        chosen = tax.label_ids == i
+        if not bool(chosen.any()):
+            continue
+        confidence = tax.shares[..., i].where(chosen, -1.0)
+        layer, head = divmod(int(confidence.flatten().argmax()), tax.shape[1])
+        fig = head_drilldown(model, text, layer, head, n=4)
+        fig.update_layout(title=f"{regime}: {fig.layout.title.text}")
+        (out / f"drilldown_{regime}.json").write_text(fig.to_json())
+
+
+def _rebuild_report(run: Path, title: str | None = None) -> Path:
+    """report.html from the files of a run folder (no model needed)."""
+    import pandas as pd
+    import plotly.io
+    import torch
+
+    from .analysis import Analysis
+    from .interventions import TopNDeletion
+    from .report import write_report
+
+    analysis = Analysis.load(run)
+    extras = {}
+    if (run / "pruning.csv").is_file():
+        extras["pruning"] = pd.read_csv(run / "pruning.csv")
+    if (run / "single_head_scan.csv").is_file():
+        frame = pd.read_csv(run / "single_head_scan.csv")
+        scan = torch.full(analysis.taxonomy.shape, torch.nan)
+        scan[frame["layer"].to_numpy(), frame["head"].to_numpy()] = torch.tensor(frame["delta_nll"].to_numpy().copy()).float()
+        extras["scan"] = scan
+    if (run / "topn.csv").is_file():
+        frame = pd.read_csv(run / "topn.csv")
+        extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].to_numpy().copy()), float("nan"),
+                                       bool(renorm), {}) for renorm, part in frame.groupby("renormalise")]
+    drilldowns = [plotly.io.read_json(path) for path in sorted(run.glob("drilldown_*.json"))]
+    settings = analysis.geometry.settings
+    title = title or f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
+    return write_report(analysis, run / "report.html", title=title, drilldowns=drilldowns, **extras)
+
+
 def _analyze(args: argparse.Namespace) -> None:
     from .analysis import analyze
     from .corpus import load_corpus, make_windows
@@ -41,32 +107,34 @@ def _analyze(args: argparse.Namespace) -> None:
     ns = _parse_n(args.n)
     if max(ns) >= args.seq_len:
         raise CliError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: N must be < the number of sources")
-    out = Path(args.out or f"runs/{args.model}-{Path(str(args.corpus)).stem}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / ".write-test").write_text("")
-        (out / ".write-test").unlink()
-    except OSError as exc:
-        raise CliError(f"output folder {str(out)!r} is not writable ({exc.strerror})") from None
+    out = _writable_folder(Path(args.out or f"runs/{args.model}-{Path(str(args.corpus)).stem}"))
     say = (lambda *a: None) if args.quiet else print
+    checkpoint = out / "checkpoint.safetensors"
+    if checkpoint.exists() and not args.resume:
+        say(f"removing the checkpoint of an earlier interrupted run ({checkpoint}); pass --resume to continue it")
+        checkpoint.unlink()
     start = time.perf_counter()
+    corpus = load_corpus(args.corpus)
     model = load_model(args.model)
     say(f"loaded {args.model} in {time.perf_counter() - start:.1f}s")
-    windows = make_windows(model, load_corpus(args.corpus), args.seq_len, args.windows, args.seed)
+    windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
     analysis = analyze(
         model, windows.tokens, ns, queries=args.queries, repeats=args.repeats, seed=args.seed,
-        batch_size=args.batch_size, progress=not args.quiet,
+        batch_size=args.batch_size, checkpoint=checkpoint, progress=not args.quiet,
     )
     result = analysis.geometry
     for settings in (result.settings, analysis.taxonomy.settings):
-        settings.update(windows.describe())
+        settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus))
     analysis.save(out)
     analysis.heads_table().to_csv(out / "heads.csv", index=False)
     summary = result.summary()
     summary.to_csv(out / "summary.csv", index=False)
     (out / "settings.json").write_text(json.dumps(result.settings, indent=1))
+    _drilldowns(model, analysis, windows, out)
+    report = _rebuild_report(out)
+    checkpoint.unlink(missing_ok=True)
     say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
     for row in summary.itertuples():
         say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
@@ -74,8 +142,61 @@ def _analyze(args: argparse.Namespace) -> None:
     overall = analysis.taxonomy.fractions().iloc[-1]
     say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
     say(f"done in {time.perf_counter() - start:.0f}s; results in {out}/ "
-        "(heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
-    print(out.resolve())
+        "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
+    print(report.resolve())
+
+
+def _prune(args: argparse.Namespace) -> None:
+    import pandas as pd
+
+    from .analysis import Analysis
+    from .corpus import load_corpus, make_windows
+    from .interventions import (
+        IMPORTANCE_METHODS,
+        head_importance,
+        pruning_curve,
+        single_head_scan,
+        topn_deletion,
+    )
+    from .models import load_model
+
+    run = _writable_folder(_run_folder(args.run))
+    say = (lambda *a: None) if args.quiet else print
+    settings = json.loads((run / "settings.json").read_text())
+    analysis = Analysis.load(run)
+    start = time.perf_counter()
+    name = args.model or settings.get("cli_model")
+    if name is None:
+        raise CliError("the run's settings.json does not say which model it analysed; pass --model")
+    model = load_model(name)
+    corpus = load_corpus(settings.get("corpus_spec", settings["corpus"]))
+    # Held-out windows: another seed than the analysis, same length.
+    held = make_windows(model, corpus, args.seq_len, args.windows, int(settings.get("seed", 0)) + 1).tokens
+    importances = {m: head_importance(model, held if m != "taxonomy" else None, m, taxonomy=analysis.taxonomy)
+                   if m in ("magnitude", "random", "taxonomy") else head_importance(model, held[: args.windows // 2], m)
+                   for m in IMPORTANCE_METHODS}
+    evaluation = held[args.windows // 2:] if args.windows > 1 else held
+    curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)
+    curve.to_csv(run / "pruning.csv", index=False)
+    say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {run / 'pruning.csv'}")
+    scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
+    scan = single_head_scan(model, scan_tokens, checkpoint=run / "scan_checkpoint.json", progress=not args.quiet)
+    grid = [(layer, head) for layer in range(scan.shape[0]) for head in range(scan.shape[1])]
+    pd.DataFrame({"layer": [g[0] for g in grid], "head": [g[1] for g in grid], "name": [f"L{a}H{b}" for a, b in grid],
+                  "delta_nll": scan.flatten().double().numpy()}).to_csv(run / "single_head_scan.csv", index=False)
+    rows = []
+    for renormalise in (False, True):
+        result = topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
+        rows += [{"n": n, "delta_nll": float(d), "renormalise": renormalise} for n, d in zip(result.n, result.delta_nll, strict=True)]
+    pd.DataFrame(rows).to_csv(run / "topn.csv", index=False)
+    report = _rebuild_report(run)
+    say(f"done in {time.perf_counter() - start:.0f}s")
+    print(report.resolve())
+
+
+def _report(args: argparse.Namespace) -> None:
+    run = _run_folder(args.run)
+    print(_rebuild_report(run).resolve())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,20 +213,33 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--batch-size", type=int, default=8)
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default=None, help="run folder (default runs/MODEL-CORPUS)")
-    analyze.add_argument("--quiet", action="store_true", help="print only the result folder")
-    analyze.set_defaults(run=_analyze)
+    analyze.add_argument("--resume", action="store_true", help="continue an interrupted run in the same folder")
+    analyze.add_argument("--quiet", action="store_true", help="print only the report path")
+    analyze.set_defaults(handler=_analyze)
+    prune = sub.add_parser("prune", help="pruning curves, single-head scan and top-N deletion for a finished run")
+    prune.add_argument("run", help="run folder written by tl-geometry analyze")
+    prune.add_argument("--windows", type=int, default=16, help="held-out windows (half rank gradient/entropy, half evaluate)")
+    prune.add_argument("--seq-len", type=int, default=256)
+    prune.add_argument("--scan-windows", type=int, default=4)
+    prune.add_argument("--scan-seq-len", type=int, default=128)
+    prune.add_argument("--model", default=None, help="model name when the run's settings do not say")
+    prune.add_argument("--quiet", action="store_true")
+    prune.set_defaults(handler=_prune)
+    report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results")
+    report.add_argument("run")
+    report.set_defaults(handler=_report)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.run(args)
+        args.handler(args)
     except (CliError, ValueError, ModuleNotFoundError, OSError) as exc:
         print(f"tl-geometry: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("tl-geometry: interrupted", file=sys.stderr)
+        print("tl-geometry: interrupted; rerun the same command with --resume to continue", file=sys.stderr)
         return 130
     return 0
 

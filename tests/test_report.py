@@ -1,0 +1,81 @@
+"""The HTML report: untrusted strings escaped, every figure rendered in a real browser (Chromium)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import plotly.graph_objects as go
+import pytest
+
+import tl_geometry as tlg
+from tl_geometry import plots
+from tl_geometry.report import build_report, script_safe_json, write_report
+
+from .tiny import random_tokens, tiny_bridge
+
+EVIL = "<script>document.title='pwned'</script>\"onmouseover=document.title='pwned' x=\"<img src=x onerror=document.title='pwned'>"
+
+
+@pytest.fixture(scope="module")
+def analysis():
+    model = tiny_bridge(4, 2)
+    res = tlg.analyze(model, random_tokens(4, 12), (1, 2, 4), repeats=2, progress=False, bootstrap=50)
+    res.geometry.settings["corpus"] = EVIL  # user-given names are untrusted too
+    scan = tlg.single_head_scan(model, random_tokens(2, 8), progress=False)
+    importances = {"random": tlg.head_importance(model, method="random"),
+                   "taxonomy": tlg.head_importance(model, method="taxonomy", taxonomy=res.taxonomy)}
+    curve = tlg.pruning_curve(model, random_tokens(3, 8), importances, (1.0, 0.75, 0.5), progress=False)
+    topn = [tlg.topn_deletion(model, random_tokens(2, 8), (1, 2, 4), progress=False)]
+    evil_figure = go.Figure(go.Bar(x=[EVIL, "ok"], y=[1, 2], hovertext=[EVIL, EVIL], name=EVIL))  # raw, unescaped
+    return res, {"scan": scan, "pruning": curve, "topn": topn, "drilldowns": [evil_figure]}
+
+
+def test_untrusted_strings_cannot_open_tags_or_attributes(analysis):
+    res, extras = analysis
+    page = build_report(res, title=EVIL, **extras)
+    assert "<script>document.title" not in page and "<img src=x" not in page
+    # a bare quote could end an attribute: inside markup it is &quot;, inside script JSON \"
+    starts = [i for i in range(len(page)) if page.startswith('"onmouseover=', i)]
+    assert starts and all(page[i - 1] == "\\" for i in starts)
+    assert "&quot;onmouseover=" in page
+    assert page.count("<script>") == page.count("</script>")  # only our own script blocks
+    assert script_safe_json({"a": "</script><b>&"}) == '{"a": "\\u003c/script\\u003e\\u003cb\\u003e\\u0026"}'
+    assert plots.safe_text(EVIL).count("<") == 0
+
+
+def test_report_lists_settings_claims_and_every_figure(analysis):
+    res, extras = analysis
+    page = build_report(res, **extras)
+    for cid in [f"C{i}" for i in range(1, 12)]:
+        assert f"<td>{cid}</td>" in page
+    assert page.count('class="tlg-plot"') == 9  # 2 head maps, curves, sink, regimes, scan map, pruning, top-N, drill-down
+    assert "Plotly.newPlot" in page and "transformer_lens" in page
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+def test_report_renders_in_headless_chromium(analysis, tmp_path):
+    res, extras = analysis
+    path = write_report(res, tmp_path / "report.html", title="tl_geometry report", **extras)
+    common = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000"]
+    dom = subprocess.run([*common, "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("js-plotly-plot") >= 9  # plotly marks every rendered container
+    assert dom.stdout.count('class="main-svg"') >= 9
+    assert "<title>tl_geometry report</title>" in dom.stdout  # no injected script renamed the page
+    errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)]
+    assert not errors, errors
+    shot = tmp_path / "report.png"
+    subprocess.run([*common, "--window-size=1400,2400", f"--screenshot={shot}", path.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
+    fig = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", 3, 1, n=2)
+    text = fig.to_json()
+    assert "<script" not in text and "&lt;" in text  # token pieces of the tag arrive escaped
+    assert fig.layout.title.text.startswith("L3H1, N=2: P=")

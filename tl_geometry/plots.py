@@ -1,0 +1,287 @@
+"""Interactive plotly figures of head geometry. Every function returns a ``plotly.graph_objects.Figure``.
+
+Token strings and corpus text are untrusted: every string that reaches a figure from the model or
+the corpus goes through :func:`safe_text` (HTML-escaped), since plotly renders hover and tick
+text as pseudo-HTML.
+
+Example:
+    >>> res = tlg.analyze(model, tokens)                         # doctest: +SKIP
+    >>> tlg.plots.head_map(res, color="regime").show()           # doctest: +SKIP
+    >>> tlg.plots.head_map(res, color="gap", n=4).show()         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from .analysis import Analysis
+from .taxonomy import REGIMES, HeadTaxonomy
+
+__all__ = ["REGIME_COLORS", "safe_text", "head_map", "separability_curves", "sink_plots", "regime_fractions",
+           "pruning_plot", "head_drilldown", "topn_plot"]
+
+REGIME_COLORS = {"retriever": "#1f77b4", "mixer": "#d62728", "reset": "#2ca02c"}
+
+
+def safe_text(text: Any) -> str:
+    """HTML-escaped string (quotes included): safe inside plotly text and any HTML attribute."""
+    return html.escape(str(text), quote=True)
+
+
+def _n_index(res: Analysis, n: int | None) -> tuple[int, int]:
+    ns = res.geometry.n
+    if n is None:
+        n = next((x for x in ns if x > 1), ns[0])
+    if n not in ns:
+        raise ValueError(f"n={n} was not measured; have {list(ns)}.")
+    return ns.index(n), n
+
+
+def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> list[str]:
+    geo, tax = res.geometry, res.taxonomy
+    layers, heads = tax.shape
+    f_top, f_random = geo.mean("f_top")[..., n_at], geo.mean("f_random")[..., n_at]
+    lines = []
+    for layer in range(layers):
+        for head in range(heads):
+            shares = tax.shares[layer, head].tolist()
+            text = (f"<b>L{layer}H{head}</b><br>regime: {tax.labels[layer, head]} "
+                    f"(current {shares[0]:.2f}, sink {shares[1]:.2f}, other {shares[2]:.2f})<br>"
+                    f"F_N={geo.n[n_at]}: top-N {f_top[layer, head]:.3f} vs random {f_random[layer, head]:.3f}")
+            if geo.has_sink:
+                text += (f"<br>sink norm ratio {geo.mean('norm_ratio')[layer, head]:.2f}, "
+                         f"sink cosine {geo.mean('sink_cosine')[layer, head]:+.3f}")
+            if importance is not None:
+                text += f"<br>ΔNLL if removed {float(importance[layer, head]):+.4f}"
+            lines.append(text)
+    return lines
+
+
+def head_map(res: Analysis, color: str = "regime", n: int | None = None,
+             delta_nll: torch.Tensor | None = None) -> go.Figure:
+    """Layers × heads grid coloured by regime (categorical) or by a per-head metric (continuous).
+
+    ``color``: ``"regime"``, any geometry metric (``"gap"``, ``"f_top"``, ``"norm_ratio"``, …; per-N
+    metrics are taken at ``n``), or ``"delta_nll"`` with ``delta_nll`` given. Every point carries its
+    head name ``L{l}H{h}`` as ``customdata`` so a ``plotly_click`` / ``plotly_selected`` handler can
+    open its drill-down (the HTML report does).
+    """
+    n_at, n_value = _n_index(res, n)
+    layers, heads = res.taxonomy.shape
+    grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
+    names = [f"L{a}H{b}" for a, b in grid.tolist()]
+    hover = _head_hover(res, n_at, delta_nll)
+    fig = go.Figure()
+    marker = {"symbol": "square", "size": max(8, min(28, 480 // max(heads, layers))), "line": {"width": 0.5, "color": "white"}}
+    if color == "regime":
+        labels = res.taxonomy.labels.reshape(-1)
+        for regime in REGIMES:
+            rows = [i for i, label in enumerate(labels) if label == regime]
+            fig.add_trace(go.Scatter(
+                x=grid[rows, 1].tolist(), y=grid[rows, 0].tolist(), mode="markers", name=regime,
+                marker={**marker, "color": REGIME_COLORS[regime]}, customdata=[names[i] for i in rows],
+                hovertext=[hover[i] for i in rows], hoverinfo="text"))
+        title = "Head regimes"
+    else:
+        if color == "delta_nll":
+            if delta_nll is None:
+                raise ValueError("color='delta_nll' needs the delta_nll tensor (single_head_scan).")
+            values = delta_nll.reshape(-1)
+        else:
+            values = res.geometry.mean(color)
+            values = (values[..., n_at] if values.ndim == 3 else values).reshape(-1)
+        fig.add_trace(go.Scatter(
+            x=grid[:, 1].tolist(), y=grid[:, 0].tolist(), mode="markers", name=color,
+            marker={**marker, "color": values.double().nan_to_num(float("nan")).tolist(), "colorscale": "Viridis",
+                    "showscale": True, "colorbar": {"title": color}},
+            customdata=names, hovertext=hover, hoverinfo="text"))
+        title = f"{color}" + (f" (N={n_value})" if res.geometry.mean(color).ndim == 3 else "") \
+            if color != "delta_nll" else "ΔNLL of removing each head alone"
+    fig.update_layout(title=title, xaxis={"title": "head", "dtick": 1}, yaxis={"title": "layer", "autorange": "reversed"},
+                      clickmode="event+select", dragmode="select", height=max(360, 22 * layers + 140),
+                      template="plotly_white")
+    return fig
+
+
+def _model_series(per_sequence: torch.Tensor, heads_mask: torch.Tensor | None = None):
+    """[seq, layer, head, n] → mean over the chosen heads within each sequence → [seq, n]."""
+    if heads_mask is not None:
+        per_sequence = per_sequence[:, heads_mask]  # [seq, chosen, n]
+        return per_sequence.nanmean(1)
+    return per_sequence.nanmean((1, 2))
+
+
+def separability_curves(res: Analysis) -> go.Figure:
+    """F_N, P_N and R_N against N: top-N vs random with 95% bootstrap bands (all heads), and the
+    top-N curve of each regime."""
+    from .geometry import bootstrap_ci
+
+    geo, tax = res.geometry, res.taxonomy
+    ns = list(geo.n)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("F_N", "precision P_N", "recall R_N"), shared_yaxes=True)
+    for col, metric in enumerate(("f", "precision", "recall"), start=1):
+        for source, dash in (("top", "solid"), ("random", "dash")):
+            series = _model_series(geo.per_sequence[f"{metric}_{source}"])
+            mean = series.nanmean(0)
+            band = bootstrap_ci(series, replicates=int(geo.settings.get("bootstrap", 2000)), seed=0)
+            name = f"all heads, {'top-N' if source == 'top' else 'random'}"
+            fig.add_trace(go.Scatter(x=ns + ns[::-1], y=band[:, 1].tolist() + band[:, 0].flip(0).tolist(),
+                                     fill="toself", line={"width": 0}, fillcolor="rgba(100,100,100,0.15)",
+                                     hoverinfo="skip", showlegend=False, legendgroup=name), row=1, col=col)
+            fig.add_trace(go.Scatter(x=ns, y=mean.tolist(), name=name, legendgroup=name, showlegend=col == 1,
+                                     line={"color": "black", "dash": dash}), row=1, col=col)
+        for i, regime in enumerate(REGIMES):
+            chosen = tax.label_ids == i
+            if not bool(chosen.any()):
+                continue
+            series = _model_series(geo.per_sequence[f"{metric}_top"], chosen)
+            fig.add_trace(go.Scatter(x=ns, y=series.nanmean(0).tolist(), name=f"{regime}, top-N", legendgroup=regime,
+                                     showlegend=col == 1, line={"color": REGIME_COLORS[regime]}), row=1, col=col)
+    fig.update_xaxes(type="log", title="N", tickvals=ns)
+    fig.update_layout(title="Separability of top-N vs random sets", template="plotly_white", height=420)
+    return fig
+
+
+def sink_plots(res: Analysis) -> go.Figure:
+    """Per layer: distribution over heads of the sink norm ratio and of the sink cosine; and the
+    mean cos(v_0, v_j) by position j (a layer × lag heat map)."""
+    geo = res.geometry
+    if not geo.has_sink:
+        raise ValueError("this result has no sink diagnostics (run with sink=True).")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("non-sink / sink value norm", "mean cos(v_0, v_j)",
+                                                        "cos(v_0, v_j) by position j"))
+    layers = geo.n_layers
+    ratio, cosine = geo.mean("norm_ratio"), geo.mean("sink_cosine")
+    for layer in range(layers):
+        fig.add_trace(go.Box(y=ratio[layer].tolist(), name=str(layer), marker_color="#1f77b4", showlegend=False,
+                             boxpoints=False), row=1, col=1)
+        fig.add_trace(go.Box(y=cosine[layer].tolist(), name=str(layer), marker_color="#d62728", showlegend=False,
+                             boxpoints=False), row=1, col=2)
+    by_lag = geo.mean("cosine_by_lag").nanmean(1)  # [layer, pos]
+    fig.add_trace(go.Heatmap(z=by_lag.tolist(), colorscale="RdBu", zmid=0, colorbar={"title": "cos", "x": 1.02},
+                             hovertemplate="layer %{y}<br>position %{x}<br>cos %{z:.3f}<extra></extra>"), row=1, col=3)
+    fig.update_yaxes(type="log", title="ratio", row=1, col=1)
+    fig.update_xaxes(title="layer", row=1, col=1)
+    fig.update_xaxes(title="layer", row=1, col=2)
+    fig.update_xaxes(title="position j", row=1, col=3)
+    fig.update_yaxes(title="layer", autorange="reversed", row=1, col=3)
+    fig.update_layout(title="The attention sink (position 0)", template="plotly_white", height=420)
+    return fig
+
+
+def regime_fractions(taxonomy: HeadTaxonomy | Mapping[str, HeadTaxonomy]) -> go.Figure:
+    """Share of each regime per layer (stacked bars); with several taxonomies (a mapping
+    name → taxonomy, e.g. models or corpora) one bar per name for the whole model."""
+    fig = go.Figure()
+    if isinstance(taxonomy, HeadTaxonomy):
+        frame = taxonomy.fractions().iloc[:-1]
+        for regime in REGIMES:
+            fig.add_trace(go.Bar(x=frame["layer"].tolist(), y=frame[regime].tolist(), name=regime,
+                                 marker_color=REGIME_COLORS[regime]))
+        fig.update_xaxes(title="layer", dtick=1)
+        title = "Regime share per layer"
+    else:
+        names = [safe_text(name) for name in taxonomy]
+        overall = [t.fractions().iloc[-1] for t in taxonomy.values()]
+        for regime in REGIMES:
+            fig.add_trace(go.Bar(x=names, y=[float(o[regime]) for o in overall], name=regime,
+                                 marker_color=REGIME_COLORS[regime]))
+        title = "Regime share per model"
+    fig.update_layout(barmode="stack", yaxis={"title": "share of heads", "range": [0, 1]}, title=title,
+                      template="plotly_white", height=380)
+    return fig
+
+
+def pruning_plot(curves) -> go.Figure:
+    """Relative ΔNLL against retention (share of heads kept), one line per importance method."""
+    fig = go.Figure()
+    for method, frame in curves.groupby("method", sort=False):
+        frame = frame.sort_values("retention")
+        color = REGIME_COLORS["mixer"] if method == "taxonomy" else None
+        fig.add_trace(go.Scatter(x=frame["retention"].tolist(), y=frame["delta_nll"].tolist(), name=safe_text(method),
+                                 mode="lines+markers", line={"color": color, "width": 3 if method == "taxonomy" else 1.5}))
+    fig.update_layout(title="Pruning: loss increase against heads kept", xaxis={"title": "retention", "autorange": "reversed"},
+                      yaxis={"title": "ΔNLL (relative)"}, template="plotly_white", height=380)
+    return fig
+
+
+def topn_plot(deletion) -> go.Figure:
+    """ΔNLL of top-N attention deletion against N (one or more :class:`TopNDeletion`)."""
+    items = deletion if isinstance(deletion, list | tuple) else [deletion]
+    fig = go.Figure()
+    for item in items:
+        fig.add_trace(go.Scatter(x=list(item.n), y=item.delta_nll.tolist(), mode="lines+markers",
+                                 name="renormalised" if item.renormalise else "weights kept"))
+    for tau in (0.01, 0.05, 0.10):
+        fig.add_hline(y=tau, line={"dash": "dot", "color": "grey"}, annotation_text=f"{tau:.0%}")
+    fig.update_layout(title="Top-N attention deletion", xaxis={"title": "N kept per query", "type": "log"},
+                      yaxis={"title": "ΔNLL (relative)", "type": "log"}, template="plotly_white", height=380)
+    return fig
+
+
+def head_drilldown(model: Any, text: str, layer: int, head: int, n: int = 4, *, query: int | None = None) -> go.Figure:
+    """One head on one text: each source token's attention, contribution norm and top-N membership
+    at the query (default: the last token), and the contributions ``y_i`` projected to 2-D (PCA)
+    with the aggregate ``s_N``, the radii ``ρ_max`` / ``ρ_min`` (true distances, drawn around the
+    projected ``s_N``), selected and unselected sources."""
+    from .adapters import stream_layers
+    from .analysis import tokenize_texts
+    from .metrics import separability
+
+    tokens, _ = tokenize_texts(model, [text])
+    seen = {}
+    stream_layers(model, tokens, lambda _layer, att: seen.setdefault("att", att), layers=[layer])
+    att = seen["att"]
+    t = tokens.shape[1] - 1 if query is None else int(query)
+    if not 0 < t < tokens.shape[1] or n >= t + 1:
+        raise ValueError(f"query {t} with N={n} is out of range for {tokens.shape[1]} tokens (need N < t + 1).")
+    alpha = att.pattern[0, head, t, :t + 1].double()
+    v = att.v[0, :t + 1, head].double()
+    y = alpha[:, None] * v
+    order = sorted(range(t + 1), key=lambda j: (-float(alpha[j]), j))
+    selected = set(order[:n])
+    s = y[list(selected)].sum(0)
+    dist = (y - s).norm(dim=-1)
+    rho_max = max(float(dist[i]) for i in selected)
+    rho_min = min(float(dist[j]) for j in range(t + 1) if j not in selected)
+    sep = separability(att.pattern[:, :, : t + 1, : t + 1], att.v[:, : t + 1], n, queries=torch.tensor([t]))
+    p, r, f = (float(getattr(sep, k)[0, head, 0, 0]) for k in ("precision", "recall", "f"))
+    pieces = [safe_text(model.tokenizer.decode([int(x)])) for x in tokens[0, :t + 1]]
+    labels = [f"{j}: {piece}" for j, piece in enumerate(pieces)]
+
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45],
+                        subplot_titles=(f"sources of query {t} ({labels[t]})", "contributions y_i (PCA)"))
+    colors = ["#d62728" if j in selected else "#9e9e9e" for j in range(t + 1)]
+    fig.add_trace(go.Bar(x=list(range(t + 1)), y=alpha.tolist(), name="attention α", marker_color=colors,
+                         hovertext=[f"{label}<br>α={a:.3f}<br>‖y‖={c:.3f}<br>{'selected' if j in selected else 'unselected'}"
+                                    for j, (label, a, c) in enumerate(zip(labels, alpha.tolist(), y.norm(dim=-1).tolist(),
+                                                                          strict=True))],
+                         hoverinfo="text"), row=1, col=1)
+    points = torch.cat([y, s[None]])
+    centred = points - points.mean(0)
+    basis = torch.linalg.svd(centred, full_matrices=False).Vh[:2] if centred.shape[0] > 1 else torch.eye(2, v.shape[1])
+    xy = centred @ basis.T
+    for group, members, color in (("selected", sorted(selected), "#d62728"),
+                                  ("unselected", [j for j in range(t + 1) if j not in selected], "#9e9e9e")):
+        fig.add_trace(go.Scatter(x=xy[members, 0].tolist(), y=xy[members, 1].tolist(), mode="markers", name=group,
+                                 marker={"color": color, "size": 9}, hovertext=[labels[j] for j in members],
+                                 hoverinfo="text"), row=1, col=2)
+    sx, sy = float(xy[-1, 0]), float(xy[-1, 1])
+    fig.add_trace(go.Scatter(x=[sx], y=[sy], mode="markers", name=f"s_N (N={n})",
+                             marker={"symbol": "star", "size": 16, "color": "black"}), row=1, col=2)
+    for radius, name, dash in ((rho_max, "ρ_max", "solid"), (rho_min, "ρ_min", "dash")):
+        fig.add_shape(type="circle", x0=sx - radius, x1=sx + radius, y0=sy - radius, y1=sy + radius,
+                      line={"dash": dash, "color": "black"}, row=1, col=2)
+        fig.add_annotation(x=sx + radius, y=sy, text=name, showarrow=False, xanchor="left", row=1, col=2)
+    fig.update_xaxes(title="source position", row=1, col=1)
+    fig.update_yaxes(title="α", row=1, col=1)
+    fig.update_yaxes(scaleanchor="x2", scaleratio=1, row=1, col=2)
+    fig.update_layout(title=f"L{layer}H{head}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, margin {rho_min - rho_max:+.3f}",
+                      template="plotly_white", height=440)
+    return fig

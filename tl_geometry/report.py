@@ -1,0 +1,160 @@
+"""One self-contained HTML report (plotly.js embedded, opens offline).
+
+Everything that comes from the model, the corpus or the user (token strings, corpus names,
+paths) is untrusted: it is HTML-escaped where it enters markup, and figure JSON is embedded with
+``<``, ``>`` and ``&`` written as JSON unicode escapes, so no string can close a ``<script>`` or
+open a tag. Clicking a head on a head map shows its row of the heads table in a side panel.
+
+Example:
+    >>> html_text = build_report(analysis, title="SmolLM2 on python-reference")   # doctest: +SKIP
+    >>> write_report(analysis, "runs/x/report.html")                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io
+
+from . import plots
+from .analysis import Analysis
+from .claims import claims_table
+
+__all__ = ["build_report", "write_report", "script_safe_json"]
+
+
+def script_safe_json(obj: Any) -> str:
+    """JSON that can sit inside ``<script>``: ``<``, ``>``, ``&`` and U+2028/9 are unicode escapes."""
+    text = obj if isinstance(obj, str) else json.dumps(obj, allow_nan=False, default=str)
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                         ("\u2029", "\\u2029")):
+        text = text.replace(char, escape)
+    return text
+
+
+def _figure_block(fig: go.Figure, index: int, head_map: bool = False) -> str:
+    div = f"tlg-fig-{index}"
+    payload = script_safe_json(plotly.io.to_json(fig, validate=False))
+    click = ""
+    if head_map:
+        click = (f"document.getElementById('{div}').on('plotly_click', function (e) {{"
+                 "if (e.points.length) showHead(e.points[0].customdata); });")
+    return (f'<div class="tlg-plot" id="{div}"></div>\n<script>(function () {{ var fig = {payload};'
+            f" Plotly.newPlot('{div}', fig.data, fig.layout, {{responsive: true}}).then(function () {{ {click} }});"
+            " })();</script>")
+
+
+def _versions(settings: dict) -> dict[str, str]:
+    import torch
+
+    from . import __version__
+
+    return {"tl_geometry": __version__, "transformer_lens": str(settings.get("transformer_lens", "?")),
+            "torch": torch.__version__, "plotly": plotly.__version__, "python": platform.python_version()}
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(row.get(c, '')))}</td>" for c in columns) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def build_report(
+    analysis: Analysis,
+    *,
+    title: str = "tl_geometry report",
+    pruning=None,
+    scan=None,
+    topn: list | None = None,
+    drilldowns: list[go.Figure] | None = None,
+) -> str:
+    """The report as an HTML string: settings, claims C1–C11 beside the paper's, every figure."""
+    geo, tax = analysis.geometry, analysis.taxonomy
+    settings = dict(geo.settings)
+    figures: list[tuple[str, go.Figure, bool]] = [
+        ("Head regimes (click a head for its numbers)", plots.head_map(analysis, "regime", delta_nll=scan), True),
+        ("Top-N minus random F_N per head", plots.head_map(analysis, "gap", delta_nll=scan), True),
+        ("Separability against N", plots.separability_curves(analysis), False),
+    ]
+    if geo.has_sink:
+        figures.append(("The attention sink", plots.sink_plots(analysis), False))
+    figures.append(("Regimes per layer", plots.regime_fractions(tax), False))
+    if scan is not None:
+        figures.append(("Single-head removal", plots.head_map(analysis, "delta_nll", delta_nll=scan), True))
+    if pruning is not None:
+        figures.append(("Pruning curves", plots.pruning_plot(pruning), False))
+    if topn:
+        figures.append(("Top-N attention deletion", plots.topn_plot(topn), False))
+    for fig in drilldowns or []:
+        figures.append(("Inside one head", fig, False))
+
+    claims = claims_table(analysis, pruning=pruning, scan=scan)
+    for row in claims:
+        row["holds"] = {True: "yes", False: "no", None: "—"}[row["holds"]]
+    setting_rows = [{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
+                    for k, v in settings.items()]
+    setting_rows += [{"setting": f"version: {k}", "value": v} for k, v in _versions(settings).items()]
+    heads = analysis.heads_table()
+    if scan is not None:
+        heads["delta_nll_alone"] = scan.reshape(-1).double().numpy()
+    head_rows = {row["name"]: {k: _clean(v) for k, v in row.items()} for row in heads.to_dict(orient="records")}
+
+    blocks = "\n".join(f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i, is_map)}"
+                       for i, (name, fig, is_map) in enumerate(figures))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
+td, th {{ border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; }}
+#tlg-head {{ position: fixed; right: 1em; top: 1em; width: 22em; max-height: 90vh; overflow: auto; background: #fff;
+  border: 1px solid #999; padding: 0.5em; font-size: 0.8em; display: none; }}
+.tlg-plot {{ min-height: 360px; }}
+</style>
+<script>{plotly.offline.get_plotlyjs()}</script>
+</head><body>
+<h1>{html.escape(title)}</h1>
+<h2>Run settings</h2>
+{_table(setting_rows, ["setting", "value"])}
+<h2>Claims of the paper (SPEC §10) and what this run measured</h2>
+{_table(claims, ["id", "paper", "measured", "holds", "rule"])}
+<div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
+<script>
+var TLG_HEADS = {script_safe_json(head_rows)};
+function showHead(name) {{
+  var row = TLG_HEADS[name]; if (!row) return;
+  var panel = document.getElementById('tlg-head'); panel.style.display = 'block';
+  document.getElementById('tlg-head-name').textContent = name;
+  var table = document.getElementById('tlg-head-table'); table.textContent = '';
+  Object.keys(row).forEach(function (key) {{
+    var tr = table.insertRow(); tr.insertCell().textContent = key;
+    var value = row[key]; tr.insertCell().textContent = (typeof value === 'number') ? value.toPrecision(4) : String(value);
+  }});
+}}
+</script>
+{blocks}
+</body></html>
+"""
+
+
+def write_report(analysis: Analysis, path: str | Path, **kwargs) -> Path:
+    """Write :func:`build_report` to ``path`` atomically and return the path."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(build_report(analysis, **kwargs), encoding="utf-8")
+    tmp.replace(path)
+    return path
