@@ -4,6 +4,7 @@
 >>> model = tlg.load_model("smollm2-135m")   # doctest: +SKIP
 """
 
+from . import plots
 from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
 from .analysis import Analysis, analyze, classify_heads, tokenize_texts
 from .geometry import GeometryResult, analyze_separability
@@ -33,6 +34,7 @@ from .taxonomy import REGIMES, HeadTaxonomy, vote_counts, winner_sources
 __version__ = "0.1.0"
 
 __all__ = [
+    "plots",
     "ABLATION_MODES",
     "IMPORTANCE_METHODS",
     "HeadAblation",

@@ -1,0 +1,19 @@
+"""Documentation that runs: every Python block of the README and of docs/*.md executes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [(path, i, code) for path in DOCS
+          for i, code in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path,index,code", BLOCKS, ids=[f"{p.name}-{i}" for p, i, _ in BLOCKS])
+def test_python_blocks_execute(path, index, code):
+    exec(compile(code, f"{path.name}[{index}]", "exec"), {"__name__": "__docs__"})
