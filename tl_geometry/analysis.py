@@ -22,6 +22,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .adapters import describe_model, stream_layers
+from .distributed import gather_analysis, shard_indices, world
 from .geometry import GeometryResult, SeparabilityAccumulator
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
@@ -75,6 +76,10 @@ class Analysis:
             rows[regime] = chosen.nanmean(0).tolist() if chosen.numel() else [float("nan")] * max(1, values[0, 0].numel())
         columns = [f"N={n}" for n in self.geometry.n] if values.ndim == 3 else [metric]
         return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+
+    def merge(self, other: Analysis) -> Analysis:
+        """Results of two disjoint sets of windows (any split, any order) as one run's."""
+        return Analysis(self.geometry.merge(other.geometry), self.taxonomy.merge(other.taxonomy))
 
     def save(self, folder: str | Path) -> None:
         """``geometry.safetensors`` and ``taxonomy.safetensors`` in ``folder``."""
@@ -192,6 +197,7 @@ def analyze(
     bootstrap: int = 2000,
     sink: bool = True,
     checkpoint: str | Path | None = None,
+    distributed: bool | None = None,
     progress: bool = True,
 ) -> Analysis:
     """Stream ``model`` once over the windows and measure everything (SPEC §1-7).
@@ -204,6 +210,9 @@ def analyze(
         taxonomy_queries: queries that vote for the taxonomy (default every query, SPEC §7).
         checkpoint: a file updated after every batch; if it exists (same settings and windows) the
             run resumes after its last batch, with results identical to an uninterrupted run.
+        distributed: shard the windows over the ranks of the initialised ``torch.distributed``
+            process group and merge (default: whenever one is initialised); every rank returns the
+            merged result, identical to one process over all windows.
         progress: a tqdm bar per window batch.
 
     Returns:
@@ -216,6 +225,16 @@ def analyze(
     info = describe_model(model)
     ns = tuple(int(x) for x in (n if isinstance(n, Sequence) else [n]))
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
+    rank, world_size = world()
+    if distributed is not False and world_size > 1:  # this rank's shard; merged at the end
+        mine = shard_indices(tokens.shape[0], rank, world_size)
+        all_windows = int(tokens.shape[0])
+        tokens, window_ids = tokens[mine], window_ids[mine]
+        attention_mask = None if attention_mask is None else attention_mask[mine]
+        if checkpoint is not None:
+            checkpoint = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.rank{rank}{Path(checkpoint).suffix}")
+    else:
+        world_size, all_windows = 1, int(tokens.shape[0])
     options = {"queries": queries, "distance": distance, "ranking": ranking, "exclude_sink": exclude_sink}
     geometry = SeparabilityAccumulator(info.n_layers, info.n_heads, ns, repeats=repeats, seed=seed, options=options,
                                        sink=sink)
@@ -232,7 +251,7 @@ def analyze(
         **options, "n": list(ns), "repeats": repeats, "seed": seed, "bootstrap": bootstrap,
         "taxonomy_queries": taxonomy_queries, "model": info.model_name, "model_class": info.model_class,
         "transformer_lens": info.transformer_lens_version, "processing": info.processing,
-        "n_windows": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+        "n_windows": all_windows, "seq_len": int(tokens.shape[1]),
     }
     done, save = 0, None
     if checkpoint is not None:
@@ -248,8 +267,10 @@ def analyze(
         def save() -> None:
             state.save(geometry, taxonomy)
 
-    _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch, save, first=done)
-    return Analysis(geometry.result(settings), taxonomy.result(settings))
+    _stream_windows(model, tokens, attention_mask, batch_size, progress and rank == 0, on_layer, on_batch, save,
+                    first=done)
+    result = Analysis(geometry.result(settings, allow_empty=world_size > 1), taxonomy.result(settings))
+    return gather_analysis(result) if world_size > 1 else result
 
 
 def classify_heads(

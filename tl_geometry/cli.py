@@ -100,7 +100,12 @@ def _rebuild_report(run: Path, title: str | None = None) -> Path:
 def _analyze(args: argparse.Namespace) -> None:
     from .analysis import analyze
     from .corpus import load_corpus, make_windows
+    from .distributed import init_from_env
     from .models import BUNDLED_MODELS, load_model
+
+    rank, world_size = init_from_env()  # under torchrun: windows are sharded over the ranks
+    if rank > 0:
+        args.quiet = True
 
     if args.model not in BUNDLED_MODELS and "/" not in args.model:
         raise CliError(f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
@@ -124,9 +129,11 @@ def _analyze(args: argparse.Namespace) -> None:
         model, windows.tokens, ns, queries=args.queries, repeats=args.repeats, seed=args.seed,
         batch_size=args.batch_size, checkpoint=checkpoint, progress=not args.quiet,
     )
+    if rank > 0:  # rank 0 writes the results and the report
+        return
     result = analysis.geometry
     for settings in (result.settings, analysis.taxonomy.settings):
-        settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus))
+        settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size)
     analysis.save(out)
     analysis.heads_table().to_csv(out / "heads.csv", index=False)
     summary = result.summary()
@@ -207,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--corpus", default="python-reference", help="offline: python-reference (default), lee-news; hub: wikitext-103, openwebtext; or a .txt/.jsonl path")
     analyze.add_argument("--windows", type=int, default=64)
     analyze.add_argument("--seq-len", type=int, default=256)
-    analyze.add_argument("--n", default="1,2,4,8,16,32", help="comma-separated N values")
+    analyze.add_argument("--n", "--n-values", dest="n", default="1,2,4,8,16,32",
+                         help="comma-separated N values (spell it --n-values under torchrun, whose parser claims --n)")
     analyze.add_argument("--queries", choices=["last", "all"], default="last")
     analyze.add_argument("--repeats", type=int, default=16, help="random rankings per query")
     analyze.add_argument("--batch-size", type=int, default=8)

@@ -157,7 +157,10 @@ class GeometryResult:
         if bool((ids[order][1:] == ids[order][:-1]).any()):
             raise ValueError("the two results share windows; merge only disjoint shards.")
         merged = {k: torch.cat([self.per_sequence[k], other.per_sequence[k]])[order] for k in self.per_sequence}
-        return GeometryResult(self.n, merged, ids[order], dict(self.settings))
+        settings = dict(self.settings)
+        if "n_windows" in settings:
+            settings["n_windows"] = int(ids.numel())
+        return GeometryResult(self.n, merged, ids[order], settings)
 
     def to_dataframe(self, with_ci: bool = False):
         """Long format: columns ``layer, head, name, metric, n, value`` (means over sequences;
@@ -296,9 +299,11 @@ class SeparabilityAccumulator:
             put("precision_bound", sequence_means(bounds.precision))
             put("recall_bound", sequence_means(bounds.recall))
 
-    def result(self, settings: dict[str, Any]) -> GeometryResult:
+    def result(self, settings: dict[str, Any], allow_empty: bool = False) -> GeometryResult:
         if not self.batches:
-            raise ValueError("no sequences were analysed: pass at least one window of tokens.")
+            if not allow_empty:
+                raise ValueError("no sequences were analysed: pass at least one window of tokens.")
+            self.start_batch(torch.zeros(0, dtype=torch.long), int(settings.get("seq_len", 0)))
         per_sequence = {k: torch.cat([b[k] for b in self.batches]) for k in self.batches[0]}
         ids = torch.cat(self.window_ids)
         order = torch.argsort(ids, stable=True)
