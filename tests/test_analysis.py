@@ -39,3 +39,55 @@ def test_texts_are_tokenised_with_bos_and_right_padding(smollm2):
     assert res.taxonomy.labels.shape == (30, 9) and res.geometry.settings["n_windows"] == 2
     n_votes = (mask[:, 1:].sum()).item()  # every real query but position 0, per head
     assert (res.taxonomy.votes.sum(-1) == n_votes).all()
+
+
+_KILLED_RUN = """
+import time, torch, tl_geometry as tlg
+import tl_geometry.analysis as analysis_module
+from tests.tiny import tiny_bridge, random_tokens
+real = analysis_module.stream_layers
+def slow(*args, **kwargs):
+    time.sleep(0.4)  # slow batches, so that the parent can kill the run in the middle
+    return real(*args, **kwargs)
+analysis_module.stream_layers = slow
+tlg.analyze(tiny_bridge(4, 2), random_tokens(8, 10, seed=9), (1, 2, 4), repeats=2, batch_size=2, progress=False,
+            bootstrap=20, checkpoint={path!r})
+"""
+
+
+def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    path = tmp_path / "checkpoint.safetensors"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUN.format(path=str(path))], cwd=root)
+    deadline = time.time() + 120
+    while not path.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert path.exists(), "the run never wrote a checkpoint"
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        done = fh.get_tensor("window_ids").numel()
+    assert 2 <= done < 8  # killed mid-run: at most the batch in flight is lost
+    model, tokens = tiny_bridge(4, 2), random_tokens(8, 10, seed=9)
+    options = {"repeats": 2, "batch_size": 2, "progress": False, "bootstrap": 20}
+    resumed = tlg.analyze(model, tokens, (1, 2, 4), checkpoint=path, **options)
+    whole = tlg.analyze(model, tokens, (1, 2, 4), **options)
+    for key, value in whole.geometry.per_sequence.items():
+        assert torch.equal(resumed.geometry.per_sequence[key].nan_to_num(-9), value.nan_to_num(-9)), key
+    assert torch.equal(resumed.taxonomy.votes, whole.taxonomy.votes)
+    other = dict(options, repeats=3)
+    try:
+        tlg.analyze(model, tokens, (1, 2, 4), checkpoint=path, **other)
+    except ValueError as exc:
+        assert "other settings" in str(exc)
+    else:
+        raise AssertionError("a checkpoint of other settings was accepted")

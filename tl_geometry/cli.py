@@ -97,6 +97,20 @@ def _rebuild_report(run: Path, title: str | None = None) -> Path:
     return write_report(analysis, run / "report.html", title=title, drilldowns=drilldowns, **extras)
 
 
+def _model_options(args: argparse.Namespace) -> dict:
+    """Device, dtype and multi-device placement flags for ``load_model``."""
+    import torch
+
+    options: dict = {"dtype": {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]}
+    if args.device:
+        options["device"] = args.device
+    if args.device_map:
+        options["device_map"] = args.device_map
+    if args.n_devices:
+        options["n_devices"] = args.n_devices
+    return options
+
+
 def _analyze(args: argparse.Namespace) -> None:
     from .analysis import analyze
     from .corpus import load_corpus, make_windows
@@ -120,7 +134,7 @@ def _analyze(args: argparse.Namespace) -> None:
         checkpoint.unlink()
     start = time.perf_counter()
     corpus = load_corpus(args.corpus)
-    model = load_model(args.model)
+    model = load_model(args.model, **_model_options(args))
     say(f"loaded {args.model} in {time.perf_counter() - start:.1f}s")
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
@@ -221,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--batch-size", type=int, default=8)
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default=None, help="run folder (default runs/MODEL-CORPUS)")
+    analyze.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: TransformerLens's choice)")
+    analyze.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                         help="model weights; geometry is always float32 or wider")
+    analyze.add_argument("--device-map", default=None, help="hub models: e.g. auto, to spread layers over GPUs")
+    analyze.add_argument("--n-devices", type=int, default=None, help="hub models: number of GPUs to split layers over")
     analyze.add_argument("--resume", action="store_true", help="continue an interrupted run in the same folder")
     analyze.add_argument("--quiet", action="store_true", help="print only the report path")
     analyze.set_defaults(handler=_analyze)

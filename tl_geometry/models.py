@@ -213,6 +213,9 @@ def load_model(name: str = "smollm2-135m", *, device=None, dtype: torch.dtype = 
             name is handed to ``TransformerBridge.boot_transformers`` with ``kwargs``.
         device: torch device for the weights (default: TransformerLens's choice / CPU).
         dtype: weight dtype. Geometry is always computed in float32 or wider.
+        kwargs: for hub models, passed to ``boot_transformers`` — e.g. ``device_map="auto"`` or
+            ``n_devices=2`` to spread a large model over several GPUs (each layer's geometry is
+            computed on the device that layer lives on).
 
     Example:
         >>> model = load_model("gemma-3-270m")   # doctest: +SKIP
