@@ -20,6 +20,8 @@ lint: setup
 bench: setup
 	$(PY) -m benchmarks.bench_stream
 	$(PY) -m benchmarks.bench_separability
+	$(PY) -m benchmarks.bench_scaling
+	$(PY) -m benchmarks.bench_distributed
 
 # HookedTransformer path under TransformerLens 3.9.0, in a second venv with the same torch.
 legacy-test:
