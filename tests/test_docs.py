@@ -17,3 +17,21 @@ BLOCKS = [(path, i, code) for path in DOCS
 @pytest.mark.parametrize("path,index,code", BLOCKS, ids=[f"{p.name}-{i}" for p, i, _ in BLOCKS])
 def test_python_blocks_execute(path, index, code):
     exec(compile(code, f"{path.name}[{index}]", "exec"), {"__name__": "__docs__"})
+
+
+def test_every_public_name_is_in_the_api_reference():
+    import tl_geometry
+
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    missing = [name for name in tl_geometry.__all__ if f"### `{name}`" not in api]
+    assert not missing, f"document these in docs/api.md: {missing}"
+
+
+def test_local_links_and_paths_in_the_docs_exist():
+    broken = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):  # markdown links without a scheme
+            if not (path.parent / target).exists():
+                broken.append(f"{path.name}: {target}")
+    assert not broken, broken
