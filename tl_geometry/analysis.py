@@ -24,6 +24,7 @@ from torch import Tensor
 from .adapters import describe_model, stream_layers
 from .distributed import gather_analysis, shard_indices, world
 from .geometry import GeometryResult, SeparabilityAccumulator
+from .io import load_tensors, save_tensors
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
 __all__ = ["Analysis", "analyze", "classify_heads", "tokenize_texts"]
@@ -122,31 +123,25 @@ class Checkpoint:
 
     def restore(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> int:
         """Load the saved state into the accumulators; returns the number of windows done."""
-        from safetensors import safe_open
-
         if not self.path.is_file():
             return 0
-        with safe_open(str(self.path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-            if meta.get("key") != self.key:
-                raise ValueError(
-                    f"checkpoint {str(self.path)!r} was written by a run with other settings (model, windows, N, "
-                    "queries, seed or repeats); delete it or choose another output folder."
-                )
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        tensors, meta = load_tensors(self.path, "Checkpoint")
+        if meta.get("key") != self.key:
+            raise ValueError(
+                f"checkpoint {str(self.path)!r} was written by a run with other settings (model, windows, N, "
+                "queries, seed or repeats); delete it or choose another output folder."
+            )
         ids = tensors.pop("window_ids")
         taxonomy.votes, taxonomy.offsets = tensors.pop("votes"), tensors.pop("offsets")
         geometry.batches, geometry.window_ids = [tensors], [ids]
         return int(ids.numel())
 
     def save(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> None:
-        from safetensors.torch import save_file
-
-        tensors = {k: torch.cat([b[k] for b in geometry.batches]).contiguous() for k in geometry.batches[0]}
+        tensors = {k: torch.cat([b[k] for b in geometry.batches]) for k in geometry.batches[0]}
         tensors.update(window_ids=torch.cat(geometry.window_ids), votes=taxonomy.votes, offsets=taxonomy.offsets)
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        save_file(tensors, str(tmp), metadata={"key": self.key})
-        tmp.replace(self.path)
+        save_tensors(tmp, "Checkpoint", tensors, key=self.key)
+        tmp.replace(self.path)  # atomic: a reader sees the old or the new state, never half of one
 
 
 def _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None,

@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapters import LayerAttention
+from .io import load_tensors, save_tensors
 from .metrics import inversion_bounds, separability, separability_over_rankings
 from .regime import fit_regime, sink_aware_bounds
 from .sink import f_by_sink, sink_geometry
@@ -192,24 +192,14 @@ class GeometryResult:
 
     def save(self, path: str | Path) -> None:
         """Write one safetensors file (tensors) with the settings as JSON metadata. No pickle."""
-        from safetensors.torch import save_file
-
-        tensors = {k: v.contiguous() for k, v in self.per_sequence.items()}
-        tensors["window_ids"] = self.window_ids.contiguous()
-        meta = {"kind": "GeometryResult", "n": json.dumps(list(self.n)), "settings": json.dumps(self.settings)}
-        save_file(tensors, str(path), metadata=meta)
+        save_tensors(path, "GeometryResult", {**self.per_sequence, "window_ids": self.window_ids},
+                     n=list(self.n), settings=self.settings)
 
     @classmethod
     def load(cls, path: str | Path) -> GeometryResult:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-            if meta.get("kind") != "GeometryResult":
-                raise ValueError(f"{path} does not hold a GeometryResult (kind={meta.get('kind')!r}).")
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        tensors, meta = load_tensors(path, "GeometryResult")
         ids = tensors.pop("window_ids")
-        return cls(tuple(json.loads(meta["n"])), tensors, ids, json.loads(meta["settings"]))
+        return cls(tuple(meta["n"]), tensors, ids, meta["settings"])
 
 
 class SeparabilityAccumulator:

@@ -159,6 +159,16 @@ def _check_distribution(rows: Tensor, visible_mass: Tensor, valid: Tensor) -> No
         )
 
 
+def _default_masks(pattern: Tensor, key_mask: Tensor | None, query_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Boolean ``[batch, pos]`` masks, all True when not given; shapes checked against ``pattern``."""
+    batch, _, n_q, n_k = pattern.shape
+    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if key_mask is None else key_mask.bool()
+    query_mask = torch.ones(batch, n_q, dtype=torch.bool, device=pattern.device) if query_mask is None else query_mask.bool()
+    if key_mask.shape != (batch, n_k) or query_mask.shape != (batch, n_q):
+        raise ValueError(f"key_mask and query_mask must be [batch, pos] = {(batch, n_k)}.")
+    return key_mask, query_mask
+
+
 def query_positions(
     query_mask: Bool[Tensor, "batch query"], queries: str | Tensor
 ) -> Int[Tensor, "batch q"]:
@@ -237,10 +247,7 @@ def separability(
     batch, heads, n_q, n_k = pattern.shape
     device = pattern.device
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
-    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=device) if key_mask is None else key_mask.bool()
-    query_mask = torch.ones(batch, n_q, dtype=torch.bool, device=device) if query_mask is None else query_mask.bool()
-    if key_mask.shape != (batch, n_k) or query_mask.shape != (batch, n_q):
-        raise ValueError(f"key_mask and query_mask must be [batch, pos] = {(batch, n_k)}.")
+    key_mask, query_mask = _default_masks(pattern, key_mask, query_mask)
     qpos = query_positions(query_mask, queries)
     n_sel = qpos.shape[1]
     if isinstance(ranking, Tensor):
@@ -480,6 +487,7 @@ class QueryRows:
         alpha: ``[batch, head, q, key]`` weights on visible keys (0 elsewhere).
         visible: ``[batch, q, key]`` keys ``0..t`` that are real, for real queries.
         values: ``[batch, kv, key, d]``; ``value_norm`` ``[batch, kv, key]``; ``group`` = heads / kv.
+        key_mask: ``[batch, key]`` real keys.
     """
 
     qpos: Int[Tensor, "batch q"]
@@ -489,6 +497,7 @@ class QueryRows:
     values: Float[Tensor, "batch kv key d"]
     value_norm: Float[Tensor, "batch kv key"]
     group: int
+    key_mask: Bool[Tensor, "batch key"]
 
     def per_head(self, x: Tensor) -> Tensor:
         """``[batch, kv, ...]`` → ``[batch, head, ...]`` (query head h reads kv head h // group)."""
@@ -520,10 +529,7 @@ def query_rows(
     batch, heads, n_q, n_k = pattern.shape
     device = pattern.device
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
-    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=device) if key_mask is None else key_mask.bool()
-    query_mask = torch.ones(batch, n_q, dtype=torch.bool, device=device) if query_mask is None else query_mask.bool()
-    if key_mask.shape != (batch, n_k) or query_mask.shape != (batch, n_q):
-        raise ValueError(f"key_mask and query_mask must be [batch, pos] = {(batch, n_k)}.")
+    key_mask, query_mask = _default_masks(pattern, key_mask, query_mask)
     qpos = query_positions(query_mask, queries)
     rows = _gather_rows(pattern, qpos).to(dtype)
     valid = query_mask.gather(1, qpos)
@@ -532,4 +538,4 @@ def query_rows(
     alpha = torch.where(visible[:, None], rows, 0.0)
     _check_distribution(rows, alpha.sum(-1), valid)
     values = v.to(dtype).permute(0, 2, 1, 3).contiguous()
-    return QueryRows(qpos, valid, alpha, visible, values, values.norm(dim=-1), heads // v.shape[2])
+    return QueryRows(qpos, valid, alpha, visible, values, values.norm(dim=-1), heads // v.shape[2], key_mask)

@@ -207,7 +207,7 @@ def sink_aware_bounds(
     ns = _as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
-    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if key_mask is None else key_mask.bool()
+    key_mask = rows.key_mask
     env = regime_envelope(rows.values, key_mask)
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
     g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in _gram_bounds(env).items()}  # [b, h, q, 1]

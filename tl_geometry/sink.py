@@ -103,7 +103,7 @@ def sink_geometry(
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
     nan = torch.tensor(torch.nan, dtype=rows.alpha.dtype, device=rows.alpha.device)
-    key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if key_mask is None else key_mask.bool()
+    key_mask = rows.key_mask
 
     norms, cosines, nonsink = value_norms_and_sink_cosines(rows.values, key_mask)
     nonsink_kv = nonsink[:, None, :]

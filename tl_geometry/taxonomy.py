@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .io import load_tensors, save_tensors
 from .metrics import query_rows
 
 __all__ = ["REGIMES", "VOTES", "winner_sources", "vote_counts", "votes_from_winners", "offset_counts", "HeadTaxonomy",
@@ -194,23 +194,13 @@ class HeadTaxonomy:
 
     def save(self, path: str | Path) -> None:
         """One safetensors file (counts) with the settings as JSON metadata."""
-        from safetensors.torch import save_file
-
-        tensors = {"votes": self.votes.contiguous()}
-        if self.offsets is not None:
-            tensors["offsets"] = self.offsets.contiguous()
-        save_file(tensors, str(path), metadata={"kind": "HeadTaxonomy", "settings": json.dumps(self.settings)})
+        tensors = {"votes": self.votes} if self.offsets is None else {"votes": self.votes, "offsets": self.offsets}
+        save_tensors(path, "HeadTaxonomy", tensors, settings=self.settings)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadTaxonomy:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-            if meta.get("kind") != "HeadTaxonomy":
-                raise ValueError(f"{path} does not hold a HeadTaxonomy (kind={meta.get('kind')!r}).")
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
-        return cls(tensors["votes"], tensors.get("offsets"), json.loads(meta["settings"]))
+        tensors, meta = load_tensors(path, "HeadTaxonomy")
+        return cls(tensors["votes"], tensors.get("offsets"), meta["settings"])
 
 
 class TaxonomyAccumulator:
