@@ -11,11 +11,11 @@ analyze: setup
 	$(VENV)/bin/tl-geometry analyze $(ARGS)
 
 test: setup
-	$(PY) -m ruff check tl_geometry tests benchmarks
+	$(PY) -m ruff check tl_geometry tests benchmarks demos
 	$(PY) -m pytest tests --doctest-modules tl_geometry $(PYTEST_ARGS)
 
 lint: setup
-	$(PY) -m ruff check tl_geometry tests benchmarks
+	$(PY) -m ruff check tl_geometry tests benchmarks demos
 
 bench: setup
 	$(PY) -m benchmarks.bench_stream

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
 import tl_geometry as tlg
 from tl_geometry.corpus import load_corpus, make_windows
 

@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = {"sink_regime": "sink_claims.py", "taxonomy": "taxonomy_claims.py", "interventions": "intervention_claims.py"}
+# (output name, script, extra arguments): C1-C4/C10/C11 on both offline corpora, C5-C7, C8-C9
+RUNS = [
+    ("sink_regime", "sink_claims.py", []),
+    ("sink_regime-lee-news", "sink_claims.py", ["--corpus", "lee-news"]),
+    ("taxonomy", "taxonomy_claims.py", []),
+    ("interventions", "intervention_claims.py", []),
+]
 
 
 def main() -> None:
@@ -27,8 +33,8 @@ def main() -> None:
     out = ROOT / "docs" / "results" / "raw"
     out.mkdir(parents=True, exist_ok=True)
     for model in args.models:
-        for name, script in SCRIPTS.items():
-            run = subprocess.run([sys.executable, str(ROOT / "demos" / script), "--model", model],
+        for name, script, extra in RUNS:
+            run = subprocess.run([sys.executable, str(ROOT / "demos" / script), "--model", model, *extra],
                                  check=True, capture_output=True, text=True, cwd=ROOT)
             path = out / f"{name}-{model}.md"
             path.write_text(run.stdout)
