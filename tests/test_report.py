@@ -7,9 +7,11 @@ import subprocess
 
 import plotly.graph_objects as go
 import pytest
+import torch
 
 import tl_geometry as tlg
 from tl_geometry import plots
+from tl_geometry.interventions import TopNDeletion
 from tl_geometry.report import build_report, script_safe_json, write_report
 
 from .tiny import random_tokens, tiny_bridge
@@ -26,7 +28,8 @@ def analysis():
     importances = {"random": tlg.head_importance(model, method="random"),
                    "taxonomy": tlg.head_importance(model, method="taxonomy", taxonomy=res.taxonomy)}
     curve = tlg.pruning_curve(model, random_tokens(3, 8), importances, (1.0, 0.75, 0.5), progress=False)
-    topn = [tlg.topn_deletion(model, random_tokens(2, 8), (1, 2, 4), progress=False)]
+    # A report test, not an intervention test: fixed values (the 3.x bridge cannot run top-N deletion)
+    topn = [TopNDeletion((1, 2, 4), torch.tensor([0.8, 0.2, 0.01]), 3.0, False, {0.01: 4, 0.05: 4, 0.1: 4})]
     evil_figure = go.Figure(go.Bar(x=[EVIL, "ok"], y=[1, 2], hovertext=[EVIL, EVIL], name=EVIL))  # raw, unescaped
     return res, {"scan": scan, "pruning": curve, "topn": topn, "drilldowns": [evil_figure]}
 
