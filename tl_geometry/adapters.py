@@ -470,16 +470,19 @@ def sequence_nll(
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     fwd_hooks: Iterable[tuple[str, Callable]] = (),
 ) -> tuple[Float[Tensor, " batch"], Int[Tensor, " batch"]]:
-    """Summed next-token negative log-likelihood (nats, float64) and the number of predicted
-    tokens of each sequence, with optional hooks; pads are neither inputs nor targets."""
+    """Summed next-token negative log-likelihood (nats; float32 per token, float64 sums) and the
+    number of predicted tokens of each sequence, with optional hooks; pads are neither inputs nor
+    targets."""
     tokens = _check_tokens(tokens)
     kwargs: dict[str, Any] = {"return_type": "logits"}
     if attention_mask is not None:
         _check_mask(attention_mask, *tokens.shape)
         kwargs["attention_mask"] = attention_mask.to(tokens.device)
     logits = model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
-    logprobs = logits[:, :-1].double().log_softmax(-1)
-    nll = -logprobs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    # float32 cross-entropy (a float64 copy of [batch, pos, vocab] logits is 4 GB for Gemma's vocabulary)
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten().to(logits.device), reduction="none"
+    ).view(tokens.shape[0], -1).double()
     real = torch.ones_like(nll, dtype=torch.bool) if attention_mask is None else \
         attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
     return torch.where(real, nll, 0.0).sum(-1), real.sum(-1)
