@@ -193,8 +193,9 @@ def _prune(args: argparse.Namespace) -> None:
     corpus = load_corpus(settings.get("corpus_spec", settings["corpus"]))
     # Held-out windows: another seed than the analysis, same length.
     held = make_windows(model, corpus, args.seq_len, args.windows, int(settings.get("seed", 0)) + 1).tokens
-    importances = {m: head_importance(model, held if m != "taxonomy" else None, m, taxonomy=analysis.taxonomy)
-                   if m in ("magnitude", "random", "taxonomy") else head_importance(model, held[: args.windows // 2], m)
+    # Gradient and entropy rank heads on the first half of the held-out windows (magnitude, random and
+    # taxonomy need no tokens); the curves are measured on the other half.
+    importances = {m: head_importance(model, held[: args.windows // 2], m, taxonomy=analysis.taxonomy)
                    for m in IMPORTANCE_METHODS}
     evaluation = held[args.windows // 2:] if args.windows > 1 else held
     curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)

@@ -263,19 +263,25 @@ class SeparabilityAccumulator:
         def put(name: str, value: Tensor) -> None:
             store[name][:, layer] = value.float().cpu()
 
-        # att.v is aligned to query heads, so every per-kv-head value below is per head.
-        geometry = sink_geometry(att.pattern, att.v, self.ns, ranking=ranking, queries=queries, **masks)
-        for name in ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine"):
-            put(name, getattr(geometry, name))
+        # The sink and regime statistics of values are per kv head: compute them once per kv head
+        # (not once per query head reading it), then give each query head its kv head's value.
+        group = att.pattern.shape[1] // att.n_kv_heads
+        kv_values = att.v[:, :, ::group]  # att.v repeats each kv head `group` times
+
+        def put_per_head(name: str, value: Tensor) -> None:
+            put(name, value.repeat_interleave(group, 1))
+
+        geometry = sink_geometry(att.pattern, kv_values, self.ns, ranking=ranking, queries=queries, **masks)
+        for name in ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine", "cosine_by_lag"):
+            put_per_head(name, getattr(geometry, name))
         put("sink_mass", geometry.sink_mass.nanmean(-1))
         put("sink_rank", geometry.sink_rank.nanmean(-1))
         put("align_sink", sequence_means(geometry.align_sink))
         put("align_current", sequence_means(geometry.align_current))
-        put("cosine_by_lag", geometry.cosine_by_lag)
-        fit = fit_regime(att.v, key_mask=att.key_mask)
+        fit = fit_regime(kv_values, key_mask=att.key_mask)
         for name in ("c", "c_spread", "c0", "coherence_max", "coherence_mean", "sink_alignment", "sign_consistency"):
-            put(name, getattr(fit, name))
-        put("regime_holds", fit.holds())
+            put_per_head(name, getattr(fit, name))
+        put_per_head("regime_holds", fit.holds())
         with_sink, without_sink = f_by_sink(top)
         put("f_sink_selected", sequence_means(with_sink))
         put("f_sink_unselected", sequence_means(without_sink))
@@ -285,7 +291,7 @@ class SeparabilityAccumulator:
         put("precision_certificate", sequence_means(precision_cert))
         put("recall_certificate", sequence_means(recall_cert))
         if self.options["distance"] == "euclidean":  # the sink-aware bounds are Euclidean
-            bounds = sink_aware_bounds(att.pattern, att.v, self.ns, ranking=ranking, queries=queries, **masks)
+            bounds = sink_aware_bounds(att.pattern, kv_values, self.ns, ranking=ranking, queries=queries, **masks)
             put("precision_bound", sequence_means(bounds.precision))
             put("recall_bound", sequence_means(bounds.recall))
 
