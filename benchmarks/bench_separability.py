@@ -22,7 +22,7 @@ def _variants() -> dict:
     from tl_geometry import separability
 
     def on_layer(queries):
-        return lambda layer, att: separability(att.pattern, att.v, NS, queries=queries)
+        return lambda layer, att: separability(att.pattern, att.kv_values, NS, queries=queries)
 
     return {"plain": None, "stream-last": on_layer("last"), "stream-all": on_layer("all")}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tl_geometry import metrics
 from tl_geometry.metrics import inversion_bounds, random_separability, separability, top_order
 
 from .inputs import random_attention
@@ -23,6 +25,9 @@ def _compare(fast, ref, positions_mask=None):
     assert torch.equal(fast.sink_selected, ref["sink_selected"].nan_to_num(0).bool())
 
 
+# The fused CPU kernel (numba) and the vectorised torch code implement the same definitions.
+BACKENDS = ("numba", "torch")
+
 CASES = [
     # batch, heads, kv, pos, lengths, distance, ranking, queries, exclude_sink
     (2, 4, 2, 9, None, "euclidean", "attention", "all", False),
@@ -36,8 +41,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("batch,heads,kv,pos,lengths,distance,ranking,queries,exclude_sink", CASES)
-def test_agrees_with_oracle(batch, heads, kv, pos, lengths, distance, ranking, queries, exclude_sink):
+def test_agrees_with_oracle(batch, heads, kv, pos, lengths, distance, ranking, queries, exclude_sink, backend):
     pattern, v, mask = random_attention(batch, heads, kv, pos, seed=pos + heads, lengths=lengths)
     ns = (1, 2, 3, 5, 8)
     rank_arg = torch.rand(pattern.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) \
@@ -50,24 +56,66 @@ def test_agrees_with_oracle(batch, heads, kv, pos, lengths, distance, ranking, q
     else:
         q_arg, positions = "all", None
     fast = separability(pattern, v, ns, distance=distance, ranking=rank_arg, queries=q_arg,
-                        exclude_sink=exclude_sink, key_mask=mask, query_mask=mask)
+                        exclude_sink=exclude_sink, key_mask=mask, query_mask=mask, backend=backend)
     ref = oracle_separability(pattern, v, ns, distance=distance, ranking=rank_arg, positions=positions,
                               exclude_sink=exclude_sink, key_mask=mask, query_mask=mask)
     _compare(fast, ref)
     assert fast.query_positions.shape == (batch, len(positions[0]) if positions else pos)
 
 
+def _assert_same(a, b, atol=1e-12):
+    for name in ("precision", "recall", "f", "margin", "inversions"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), equal_nan=True, atol=atol, rtol=0, msg=name)
+    assert torch.equal(a.sink_selected, b.sink_selected)
+
+
 def test_chunking_over_queries_changes_nothing():
     pattern, v, _ = random_attention(2, 4, 2, 16, seed=3)
-    whole = separability(pattern, v, (1, 4, 9))
-    chunked = separability(pattern, v, (1, 4, 9), chunk_elements=1)
-    for name in ("precision", "recall", "f", "margin", "inversions"):
-        torch.testing.assert_close(getattr(whole, name), getattr(chunked, name), equal_nan=True, atol=1e-12, rtol=0)
+    whole = separability(pattern, v, (1, 4, 9), backend="torch")
+    _assert_same(whole, separability(pattern, v, (1, 4, 9), chunk_elements=1, backend="torch"))
 
 
-def test_float32_agrees_with_oracle_on_generic_input():
+@pytest.mark.parametrize("gram_bytes", [1, 2 * 16 * 16 * 8])  # no Gram matrix; one batch element per slice
+def test_fused_modes_and_batch_slices_change_nothing(monkeypatch, gram_bytes):
+    pattern, v, mask = random_attention(3, 4, 2, 16, seed=3, lengths=[16, 9, 12])
+    whole = separability(pattern, v, (1, 4, 9), key_mask=mask, query_mask=mask, backend="numba")
+    monkeypatch.setattr(metrics, "_GRAM_BYTES", gram_bytes)
+    _assert_same(whole, separability(pattern, v, (1, 4, 9), key_mask=mask, query_mask=mask, backend="numba"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_n_in_any_order_with_repeats(backend):
+    """Each column holds its own N, whatever the order of n (the nested sets grow in sorted order)."""
+    pattern, v, _ = random_attention(2, 4, 2, 12, seed=8)
+    ordered = separability(pattern, v, (2, 4, 7), backend=backend)
+    shuffled = separability(pattern, v, (7, 2, 4, 2), backend=backend)
+    assert shuffled.n == (7, 2, 4, 2)
+    for name in ("precision", "recall", "f", "margin", "inversions", "sink_selected"):
+        want = getattr(ordered, name)[..., [2, 0, 1, 0]]
+        assert torch.equal(getattr(shuffled, name).nan_to_num(-1), want.nan_to_num(-1)), name
+
+
+@pytest.mark.parametrize("queries", ["all", "last"])
+def test_backends_agree_on_float32_model_like_input(queries):
+    """Float32 input with GQA, padding and long rows (a random ranking too): the kernel works
+    in float64 and the torch code in float32, so only near-exact distance ties may differ."""
+    pattern, v, mask = random_attention(3, 6, 2, 40, d=16, seed=21, lengths=[40, 31, 25], peaked=3.0)
+    pattern, v = pattern.float(), v.float()
+    scores = torch.rand(pattern.shape, generator=torch.Generator().manual_seed(1))
+    for ranking in ("attention", "contribution", scores):
+        opts = dict(queries=queries, ranking=ranking, key_mask=mask, query_mask=mask)
+        a = separability(pattern, v, (1, 2, 4, 8, 16, 32), backend="numba", **opts)
+        b = separability(pattern, v, (1, 2, 4, 8, 16, 32), backend="torch", **opts)
+        assert torch.equal(a.defined, b.defined)
+        same = (a.f - b.f).abs()[a.defined] < 1e-6
+        assert same.float().mean() > 0.995
+        assert (a.sink_selected == b.sink_selected).float().mean() > 0.995
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_agrees_with_oracle_on_generic_input(backend):
     pattern, v, _ = random_attention(2, 4, 2, 24, seed=11)
-    fast = separability(pattern.float(), v.float(), (1, 2, 4, 8, 16))
+    fast = separability(pattern.float(), v.float(), (1, 2, 4, 8, 16), backend=backend)
     ref = oracle_separability(pattern, v, (1, 2, 4, 8, 16))
     agree = (fast.f.double().nan_to_num(-1) - ref["f"].nan_to_num(-1)).abs() < 1e-6
     assert agree.float().mean() > 0.995  # float32 may flip only near-exact distance ties
@@ -83,12 +131,13 @@ def test_undefined_entries_are_nan_not_clipped():
     assert torch.isnan(sep.f[:, :, 0]).all()  # query 0 has a single source
 
 
-def test_attention_ties_go_to_lower_position():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_ties_go_to_lower_position(backend):
     pattern = torch.zeros(1, 1, 4, 4, dtype=torch.float64)
     pattern[0, 0] = torch.tensor([[1, 0, 0, 0], [0.5, 0.5, 0, 0], [1 / 3] * 3 + [0], [0.25] * 4], dtype=torch.float64)
     v = torch.randn(1, 4, 1, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for n in (1, 2, 3):
-        sep = separability(pattern, v, n)
+        sep = separability(pattern, v, n, backend=backend)
         ref = oracle_separability(pattern, v, (n,))
         _compare(sep, ref)
         assert bool(sep.sink_selected[0, 0, 3, 0])  # position 0 wins every tie
@@ -130,12 +179,13 @@ def test_inversion_certificates_hold(inputs):
 @given(attention_inputs)
 def test_positive_margin_iff_no_inversion_iff_perfect(inputs):
     (pattern, v, _), dist = inputs
-    sep = separability(pattern, v, NS, distance=dist)
-    ok = sep.defined
-    margin_pos = sep.margin[ok] > 0
-    no_inv = sep.inversions[ok] == 0
-    perfect = (sep.precision[ok] == 1) & (sep.recall[ok] == 1) & (sep.f[ok] == 1)
-    assert torch.equal(margin_pos, no_inv) and torch.equal(no_inv, perfect)
+    for backend in BACKENDS:
+        sep = separability(pattern, v, NS, distance=dist, backend=backend)
+        ok = sep.defined
+        margin_pos = sep.margin[ok] > 0
+        no_inv = sep.inversions[ok] == 0
+        perfect = (sep.precision[ok] == 1) & (sep.recall[ok] == 1) & (sep.f[ok] == 1)
+        assert torch.equal(margin_pos, no_inv) and torch.equal(no_inv, perfect)
 
 
 @settings(max_examples=30, deadline=None)
@@ -231,8 +281,10 @@ def test_random_repeat_equals_separability_with_that_ranking():
 # ----- bad input ---------------------------------------------------------------------------
 
 
-def test_bad_inputs_name_the_problem():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_inputs_name_the_problem(backend):
     pattern, v, _ = random_attention(1, 2, 1, 4)
+    separability = functools.partial(metrics.separability, backend=backend)
     with pytest.raises(ValueError, match="≥ 1"):
         separability(pattern, v, 0)
     with pytest.raises(ValueError, match="integers"):
@@ -259,6 +311,10 @@ def test_bad_inputs_name_the_problem():
         separability(pattern, v, 1, queries="first")
     with pytest.raises(ValueError, match="0..3"):
         separability(pattern, v, 1, queries=torch.tensor([4]))
+    with pytest.raises(ValueError, match="ranking scores contain NaN"):
+        separability(pattern, v, 1, ranking=torch.full_like(pattern, math.nan))
+    with pytest.raises(ValueError, match="backend"):
+        separability(pattern, v, 1, backend="cuda")
 
 
 @settings(max_examples=20, deadline=None)

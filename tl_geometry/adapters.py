@@ -85,6 +85,14 @@ class LayerAttention:
     has_bos: Bool[Tensor, " batch"]
     n_kv_heads: int
 
+    @property
+    def kv_values(self) -> Float[Tensor, "batch key kv_head d_head"]:
+        """The model's own kv heads (a view of ``v``, which repeats each one per query head).
+
+        Geometry functions accept either; per-kv-head work (Gram matrices, norms) is done once.
+        """
+        return self.v[:, :, :: self.v.shape[2] // self.n_kv_heads]
+
 
 @dataclass
 class ModelInfo:

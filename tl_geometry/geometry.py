@@ -241,14 +241,14 @@ class SeparabilityAccumulator:
 
     def add_layer(self, att: LayerAttention) -> None:
         opts = dict(self.options, key_mask=att.key_mask, query_mask=att.query_mask)
-        top = separability(att.pattern, att.v, self.ns, **opts)
+        top = separability(att.pattern, att.kv_values, self.ns, **opts)
         store = self.batches[-1]
         for metric in METRICS:
             store[f"{metric}_top"][:, att.layer] = sequence_means(getattr(top, metric)).float().cpu()
         if self.repeats:
             scores = self.random_scores(att, top.query_positions.shape[1])
             random_opts = {k: v for k, v in opts.items() if k != "ranking"}
-            random = separability_over_rankings(att.pattern, att.v, self.ns, scores, **random_opts).mean
+            random = separability_over_rankings(att.pattern, att.kv_values, self.ns, scores, **random_opts).mean
             for metric in METRICS:
                 store[f"{metric}_random"][:, att.layer] = sequence_means(getattr(random, metric)).float().cpu()
         if self.sink:
@@ -266,7 +266,7 @@ class SeparabilityAccumulator:
         # The sink and regime statistics of values are per kv head: compute them once per kv head
         # (not once per query head reading it), then give each query head its kv head's value.
         group = att.pattern.shape[1] // att.n_kv_heads
-        kv_values = att.v[:, :, ::group]  # att.v repeats each kv head `group` times
+        kv_values = att.kv_values
 
         def put_per_head(name: str, value: Tensor) -> None:
             put(name, value.repeat_interleave(group, 1))
@@ -286,7 +286,7 @@ class SeparabilityAccumulator:
         put("f_sink_selected", sequence_means(with_sink))
         put("f_sink_unselected", sequence_means(without_sink))
         put("sink_selected", sequence_means(torch.where(top.defined, top.sink_selected.to(top.f.dtype), torch.nan)))
-        put("f_nosink", sequence_means(separability(att.pattern, att.v, self.ns, **dict(opts, exclude_sink=True)).f))
+        put("f_nosink", sequence_means(separability(att.pattern, kv_values, self.ns, **dict(opts, exclude_sink=True)).f))
         precision_cert, recall_cert = inversion_bounds(top)
         put("precision_certificate", sequence_means(precision_cert))
         put("recall_certificate", sequence_means(recall_cert))

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -133,17 +134,17 @@ def _check_inputs(pattern: Tensor, v: Tensor) -> None:
         raise ValueError(f"v has {v.shape[2]} kv heads, which does not divide pattern's {heads} heads.")
 
 
-def _check_distribution(rows: Tensor, visible_mass: Tensor, valid: Tensor) -> None:
+def _check_distribution(sums: Tensor, negative: Tensor, visible_mass: Tensor, valid: Tensor) -> None:
     """Rows of real queries must be causal probability distributions.
 
-    Uses only row reductions (sum, min, and the mass on visible keys, which the caller has):
-    NaN/inf propagate into the sums, and mass outside the visible keys means a non-causal model.
+    Takes only row statistics ``[batch, head, q]`` (the sum, whether any entry is negative, the
+    mass on visible keys): NaN/inf propagate into the sums, and mass outside the visible keys
+    means a non-causal model.
     """
     valid = valid[:, None, :]
-    sums = rows.sum(-1)
     if bool((~torch.isfinite(sums) & valid).any()):
         raise ValueError("pattern contains NaN or infinite values in real query rows; check the model run (dtype overflow?).")
-    if bool(((rows.amin(-1) < 0) & valid).any()):
+    if bool((negative & valid).any()):
         raise ValueError("pattern has negative entries: pass post-softmax hook_pattern, not hook_attn_scores.")
     off = ((sums - 1).abs() > _ROW_SUM_TOL) & valid
     if bool(off.any()):
@@ -219,37 +220,49 @@ def separability(
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
     chunk_elements: int = _CHUNK_ELEMENTS,
+    backend: str = "auto",
 ) -> Separability:
     """Geometric precision / recall / F-score of the top-N sources of every chosen query.
 
     Args:
         pattern: ``[batch, head, query, key]`` post-softmax weights (query = key = sequence).
         v: ``[batch, key, kv_head, d_head]`` value vectors; ``kv_head`` divides ``head`` and query
-            head ``h`` reads kv head ``h // (head // kv_head)``.
+            head ``h`` reads kv head ``h // (head // kv_head)``. Passing the kv heads themselves
+            (not copies aligned to query heads) saves work.
         n: N or several N values (the last output axis).
         distance: ``"euclidean"`` (primary) or ``"cosine"`` (``1 − cos``, eps 1e-12).
         ranking: ``"attention"`` (α), ``"contribution"`` (α‖v‖), or a score tensor shaped like
             ``pattern`` or like the chosen query rows ``[batch, head, q, key]`` (higher = selected
-            first). Ties go to the lower position.
+            first; no NaN). Ties go to the lower position.
         queries: ``"all"``, ``"last"`` or a 1-D LongTensor of positions.
         exclude_sink: remove key 0 from the candidate sources.
         key_mask, query_mask: ``[batch, pos]`` True for real tokens (default: all real).
-        chunk_elements: bound on ``batch·head·query_chunk·key`` per working tensor.
+        chunk_elements: torch backend: bound on ``batch·head·query_chunk·key`` per working tensor.
+        backend: ``"auto"`` (the fused numba kernel for CPU tensors, torch otherwise),
+            ``"numba"`` or ``"torch"``. Both implement the same definitions; see docs/performance.md.
 
     Returns:
         :class:`Separability` with ``[batch, head, query, len(n)]`` fields, computed in float32
         or wider (float64 inputs stay float64).
     """
+    return _separability(pattern, v, n, distance=distance, ranking=ranking, queries=queries,
+                         exclude_sink=exclude_sink, key_mask=key_mask, query_mask=query_mask,
+                         chunk_elements=chunk_elements, backend=backend)
+
+
+def _separability(pattern, v, n, *, distance="euclidean", ranking="attention", queries="all", exclude_sink=False,
+                  key_mask=None, query_mask=None, chunk_elements=_CHUNK_ELEMENTS, backend="auto", gram_cache=None):
+    """:func:`separability`; ``gram_cache`` (a dict) lets calls on the same values share Gram matrices."""
     _check_inputs(pattern, v)
     ns = _as_n_tuple(n)
     if distance not in ("euclidean", "cosine"):
         raise ValueError(f"distance must be 'euclidean' or 'cosine'; got {distance!r}.")
     batch, heads, n_q, n_k = pattern.shape
-    device = pattern.device
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
     key_mask, query_mask = _default_masks(pattern, key_mask, query_mask)
     qpos = query_positions(query_mask, queries)
     n_sel = qpos.shape[1]
+    all_rows = isinstance(queries, str) and queries == "all"
     if isinstance(ranking, Tensor):
         # Full rows, or only the rows of the chosen queries (cheaper for a random ranking).
         if ranking.shape not in (pattern.shape, (batch, heads, n_sel, n_k)):
@@ -257,9 +270,103 @@ def separability(
                 f"a ranking score tensor must be shaped like pattern {tuple(pattern.shape)} or like the chosen "
                 f"query rows {(batch, heads, n_sel, n_k)}; got {tuple(ranking.shape)}."
             )
+        if bool(torch.isnan(ranking).any()):
+            raise ValueError("ranking scores contain NaN: give every source a comparable score.")
+        if not all_rows and not ranking.shape[2] == n_sel != n_q:  # full rows: keep the chosen ones
+            ranking = _gather_rows(ranking, qpos)
     elif ranking not in ("attention", "contribution"):
         raise ValueError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
+    # Top-N sets are nested: both backends grow them over the distinct N in increasing order.
+    distinct = tuple(sorted(set(ns)))
+    args = (pattern, v, distinct, distance, ranking, qpos, all_rows, exclude_sink, key_mask, query_mask, dtype)
+    if _use_fused(backend, pattern.device):
+        out = _separability_fused(*args, {} if gram_cache is None else gram_cache)
+    else:
+        out = _separability_torch(*args, chunk_elements)
+    if distinct != ns:
+        columns = torch.tensor([distinct.index(value) for value in ns], device=pattern.device)
+        out = {name: value.index_select(-1, columns) for name, value in out.items()}
+    return Separability(n=ns, query_positions=qpos, **out)
 
+
+def _use_fused(backend: str, device: torch.device) -> bool:
+    if backend not in ("auto", "numba", "torch"):
+        raise ValueError(f"backend must be 'auto', 'numba' or 'torch'; got {backend!r}.")
+    if backend == "torch" or (backend == "auto" and device.type != "cpu"):
+        return False
+    if device.type != "cpu":
+        raise ValueError(f"backend='numba' runs on CPU tensors; these are on {device}. Use backend='auto'.")
+    try:
+        from . import separability_kernel  # noqa: F401
+    except ImportError as err:
+        if backend == "numba":
+            raise ImportError(f"backend='numba' needs numba ({err}); pip install numba, or use backend='torch'.") from err
+        return False
+    return True
+
+
+_METRIC_FIELDS = ("precision", "recall", "f", "margin", "inversions")
+# Bytes of one batch slice of Gram matrices in the fused backend; bounds its extra memory.
+_GRAM_BYTES = 1 << 26
+
+
+def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclude_sink, key_mask, query_mask, dtype,
+                        gram_cache):
+    """CPU backend: one numba kernel per batch slice (see ``separability_kernel``)."""
+    import numba
+
+    from .separability_kernel import separability_rows
+
+    batch, heads, _, _ = pattern.shape
+    n_sel = qpos.shape[1]
+    group = heads // v.shape[2]
+    k_hi = int(qpos.max()) + 1  # causal: no chosen query sees a later key
+    rows = (pattern if all_rows else _gather_rows(pattern, qpos)).detach()
+    rows = (rows if rows.dtype in (torch.float32, torch.float64) else rows.to(dtype)).contiguous()
+    values = v.detach()[:, :k_hi].to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
+    value_sq = values.double().pow(2).sum(-1)
+    if isinstance(ranking, Tensor):
+        scores = ranking.detach().to(torch.float64 if ranking.dtype == torch.float64 else torch.float32)
+        mode, scores = 2, scores.contiguous()
+    else:
+        mode, scores = (0 if ranking == "attention" else 1), rows[:1, :1, :1, :1]
+    # A Gram matrix V Vᵀ per kv head pays off when many query rows read it (``queries="all"``).
+    gram_bytes = values.shape[1] * k_hi * k_hi * values.element_size()
+    use_gram = group * n_sel * len(ns) >= k_hi and gram_bytes <= _GRAM_BYTES
+    step = max(1, _GRAM_BYTES // gram_bytes) if use_gram else batch
+    out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype) for name in _METRIC_FIELDS}
+    sink = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool)
+    stats = torch.zeros(3, batch, heads, n_sel, dtype=torch.float64)
+    q_valid = query_mask.gather(1, qpos)
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    ns_array = np.asarray(ns, dtype=np.int64)
+    for lo in range(0, batch, step):
+        sl = slice(lo, lo + step)
+        if not use_gram:
+            gram = values[:1, :1, :1, :1]
+        elif step >= batch:  # one slice holds every Gram matrix: keep it for the next call
+            gram = gram_cache.setdefault((k_hi, dtype), None)
+            if gram is None:
+                gram = gram_cache[(k_hi, dtype)] = (values @ values.transpose(-1, -2)).contiguous()
+        else:
+            gram = (values[sl] @ values[sl].transpose(-1, -2)).contiguous()
+        separability_rows(
+            rows[sl].numpy(), scores[sl].numpy() if mode == 2 else scores.numpy(), mode, qpos[sl].contiguous().numpy(),
+            q_valid[sl].numpy(), key_mask[sl].contiguous().numpy(), values[sl].numpy(), value_sq[sl].numpy(),
+            gram.numpy(), use_gram, ns_array, exclude_sink, distance == "euclidean", group,
+            *(out[name][sl].numpy() for name in _METRIC_FIELDS), sink[sl].numpy(),
+            *(stat[sl].numpy() for stat in stats),
+        )
+    _check_distribution(stats[0], stats[1] > 0, stats[2], q_valid)
+    return {**out, "sink_selected": sink}
+
+
+def _separability_torch(pattern, v, ns, distance, ranking, qpos, all_rows, exclude_sink, key_mask, query_mask,
+                        dtype, chunk_elements):
+    """Vectorised torch backend (any device): query chunks of ``[batch, head, chunk, key]`` tensors."""
+    batch, heads, n_q, n_k = pattern.shape
+    device = pattern.device
+    n_sel = qpos.shape[1]
     kv = v.shape[2]
     group = heads // kv
     values = v.to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
@@ -267,15 +374,15 @@ def separability(
     value_norm = value_sq.sqrt()
 
     out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype, device=device)
-           for name in ("precision", "recall", "f", "margin", "inversions")}
+           for name in _METRIC_FIELDS}
     sink_selected = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool, device=device)
 
     chunk = max(1, chunk_elements // max(1, batch * heads * n_k))
     ar_full = torch.arange(n_k, device=device)
-    all_rows = isinstance(queries, str) and queries == "all"
     for start in range(0, n_sel, chunk):
         q = qpos[:, start:start + chunk]  # [batch, c]
-        rows = (pattern[:, :, start:start + chunk] if all_rows else _gather_rows(pattern, q)).to(dtype)
+        sl = slice(start, start + q.shape[1])
+        rows = (pattern[:, :, sl] if all_rows else _gather_rows(pattern, q)).to(dtype)
         q_valid = query_mask.gather(1, q)  # [batch, c]
         # Causal queries see keys 0..t only: work on the keys the chunk's latest query can see.
         k_hi = int(q.max()) + 1
@@ -284,13 +391,11 @@ def separability(
         cand = visible & (ar_k != 0) if exclude_sink else visible
         cand = cand[:, None].expand(batch, heads, -1, k_hi)
         alpha = torch.where(visible[:, None], rows[..., :k_hi], 0.0)
-        _check_distribution(rows, alpha.sum(-1), q_valid)
+        _check_distribution(rows.sum(-1), rows.amin(-1) < 0, alpha.sum(-1), q_valid)
         if exclude_sink:
             alpha[..., 0] = 0.0
-        if isinstance(ranking, Tensor):
-            rows_of_ranking = ranking[:, :, start:start + q.shape[1]] if ranking.shape[2] == n_sel != n_q \
-                else _gather_rows(ranking, q)
-            score = rows_of_ranking[..., :k_hi].to(dtype)
+        if isinstance(ranking, Tensor):  # rows of the chosen queries (the caller gathered them)
+            score = ranking[:, :, sl, :k_hi].to(dtype)
         elif ranking == "contribution":
             score = alpha * value_norm[..., :k_hi].repeat_interleave(group, 1)[:, :, None, :]
         else:
@@ -302,13 +407,9 @@ def separability(
 
         metrics = _chunk_metrics(alpha, order, cand, n_cand, values[:, :, :k_hi], value_sq[..., :k_hi],
                                  value_norm[..., :k_hi], ns, group, distance)
-        sl = slice(start, start + q.shape[1])
         for name, value in metrics.items():
-            if name == "sink_selected":
-                sink_selected[:, :, sl] = value
-            else:
-                out[name][:, :, sl] = value
-    return Separability(n=ns, sink_selected=sink_selected, query_positions=qpos, **out)
+            (sink_selected if name == "sink_selected" else out[name])[:, :, sl] = value
+    return {**out, "sink_selected": sink_selected}
 
 
 def top_order(score: Float[Tensor, "... key"], m: int) -> Int[Tensor, "... m"]:
@@ -391,7 +492,9 @@ def _chunk_metrics(alpha, order, cand, n_cand, values, value_sq, value_norm, ns,
             below = torch.searchsorted(sel_dist.sort(-1).values, dist, right=False, out_int32=True)
             inversions = n_value * n_k - below.sum(-1, dtype=torch.int32)
             outside = (below < n_value).sum(-1, dtype=torch.int32)
-        precision = n_value / (n_value + outside.to(dist.dtype))
+        denominator = n_value + outside.to(dist.dtype)
+        # a tensor quotient: `n / tensor` would multiply by a reciprocal (not correctly rounded)
+        precision = torch.full_like(denominator, n_value) / denominator
         recall = inside.to(dist.dtype) / n_value
         f = torch.where(recall > 0, 2 * precision * recall / (precision + recall), 0.0)
         if distance == "euclidean":
@@ -417,7 +520,8 @@ def separability_over_rankings(
     ``scores[r]`` is any ranking :func:`separability` accepts; ``options`` are its other
     arguments. The mean is NaN-aware over repeats, per query.
     """
-    runs = [separability(pattern, v, n, ranking=score, **options) for score in scores]
+    grams: dict = {}  # the values are the same in every repeat
+    runs = [_separability(pattern, v, n, ranking=score, gram_cache=grams, **options) for score in scores]
     stacked = {
         f.name: torch.stack([getattr(r, f.name) for r in runs])
         for f in fields(Separability) if f.name not in ("n", "query_positions")
@@ -536,6 +640,6 @@ def query_rows(
     ar = torch.arange(n_k, device=device)
     visible = (ar[None, None, :] <= qpos[:, :, None]) & key_mask[:, None, :] & valid[:, :, None]
     alpha = torch.where(visible[:, None], rows, 0.0)
-    _check_distribution(rows, alpha.sum(-1), valid)
+    _check_distribution(rows.sum(-1), rows.amin(-1) < 0, alpha.sum(-1), valid)
     values = v.to(dtype).permute(0, 2, 1, 3).contiguous()
     return QueryRows(qpos, valid, alpha, visible, values, values.norm(dim=-1), heads // v.shape[2], key_mask)

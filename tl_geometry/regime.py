@@ -246,6 +246,7 @@ def sink_aware_bounds(
         outside = (unselected & (lower <= u_max + slack)).sum(-1)
         inside = (selected & (upper + slack < l_min)).sum(-1)
         defined = n_visible > n_value
-        precision.append(torch.where(defined, n_value / (n_value + outside.to(alpha.dtype)), nan))
+        denominator = n_value + outside.to(alpha.dtype)  # P as separability computes it, to the last bit
+        precision.append(torch.where(defined, torch.full_like(denominator, n_value) / denominator, nan))
         recall.append(torch.where(defined, inside.to(alpha.dtype) / n_value, nan))
     return SinkAwareBounds(ns, torch.stack(precision, -1), torch.stack(recall, -1), rows.qpos)

@@ -1,0 +1,216 @@
+"""Fused CPU kernel for :func:`tl_geometry.metrics.separability` (numba).
+
+The vectorised torch code makes about ten passes over a ``[batch, head, query, key]`` tensor
+per N; on a CPU those passes, not the arithmetic, cost the time. This kernel does the same
+computation one query row at a time, with the row's working arrays in cache, in parallel over
+rows. It implements exactly the definitions of SPEC §2 as the torch path does (same tie rule,
+same clamps), with scalar arithmetic in float64.
+
+Per row (query ``t`` of one head) it ranks the candidate sources once (insertion into the
+best ``max N``; ties to the lower position), then for each N in increasing order adds the new
+sources to the aggregate and needs only ``p_k = ⟨v_k, s_N⟩`` for the visible keys:
+
+- Gram mode: ``p += α_i G[i, :]`` for each new source ``i``, with ``G = V Vᵀ`` of the kv head
+  (one matmul per layer, shared by every query row that reads that kv head); all N together
+  cost ``max N`` row updates instead of ``len(N)`` matrix-vector products.
+- Direct mode (few query rows per kv head, e.g. ``queries="last"``): ``s += α_i v_i``, then
+  ``p_k = v_k · s``.
+
+The caller picks the mode and bounds the Gram matrix's memory (see ``metrics``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# Rows per parallel task: each task allocates its scratch arrays once.
+_ROWS_PER_TASK = 64
+
+
+@numba.njit(cache=True, nogil=True)
+def _insert_top(top_idx, top_score, filled, m, k, score):
+    """Offer key k to the best-m list (score descending, ties to the lower position).
+
+    Keys are offered in *decreasing* position, so an offered key wins ties against every
+    listed one. Recent keys usually carry more weight, so this order inserts fewer keys.
+    """
+    if filled == m and score < top_score[m - 1]:
+        return filled
+    pos = filled if filled < m else m - 1
+    while pos > 0 and score >= top_score[pos - 1]:
+        top_idx[pos] = top_idx[pos - 1]
+        top_score[pos] = top_score[pos - 1]
+        pos -= 1
+    top_idx[pos] = k
+    top_score[pos] = score
+    return filled + 1 if filled < m else m
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+def _dot(x, y):
+    """x · y in float64; reassociation lets LLVM vectorise the sum."""
+    acc = 0.0
+    for e in range(x.shape[0]):
+        acc += float(x[e]) * y[e]
+    return acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_at_most(x, n, bound):
+    """#{k < n: x[k] ≤ bound}; an integer sum of comparisons, which LLVM vectorises."""
+    count = 0
+    for k in range(n):
+        count += 1 if x[k] <= bound else 0
+    return count
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+def _row_sum_and_negatives(row):
+    """Sum (float64; NaN and inf propagate) and number of negative entries of one pattern row."""
+    total = 0.0
+    negatives = 0
+    for k in range(row.shape[0]):
+        a = float(row[k])
+        total += a
+        negatives += 1 if a < 0 else 0
+    return total, negatives
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram, use_gram,
+                      ns, exclude_sink, euclidean, group,
+                      precision, recall, f, margin, inversions, sink, row_sum, negatives, visible_sum):
+    """Fill the output arrays for every row of ``rows`` ``[batch, head, q, key]``.
+
+    scores: same shape as rows when ``ranking_mode == 2`` (0 = attention, 1 = α‖v‖).
+    qpos, qvalid: ``[batch, q]``; key_mask ``[batch, key]``; values ``[batch, kv, key, d]``;
+    value_sq ``[batch, kv, key]`` (float64); gram ``[batch, kv, key, key]`` when ``use_gram``.
+    ns: the distinct N in increasing order (output column j holds ``ns[j]``).
+    Outputs ``[batch, head, q, n]`` (pre-filled with NaN / False by the caller) and the row
+    checks ``[batch, head, q]``: sum over the whole row, its number of negative entries, and
+    its mass on visible keys.
+    """
+    n_batch, n_heads, n_q, n_k = rows.shape
+    d = values.shape[3]
+    n_rows = n_batch * n_heads * n_q
+    max_n = ns[ns.shape[0] - 1]
+    n_tasks = (n_rows + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
+    for task in numba.prange(n_tasks):
+        alpha = np.zeros(n_k)
+        # 0 on unselected candidates, +inf elsewhere: added to a distance, it drops the key out
+        # of ρ_min, the outside count and the inversions without a branch.
+        excluded = np.zeros(n_k)
+        y_size = np.zeros(n_k)  # ‖y_k‖² (Euclidean) or ‖y_k‖ (cosine)
+        proj = np.zeros(n_k)  # ⟨v_k, s_N⟩
+        top_idx = np.zeros(max_n, dtype=np.int64)
+        top_score = np.zeros(max_n)
+        dist = np.zeros(n_k)
+        agg = np.zeros(d)
+        for r in range(task * _ROWS_PER_TASK, min(n_rows, (task + 1) * _ROWS_PER_TASK)):
+            b = r // (n_heads * n_q)
+            h = (r // n_q) % n_heads
+            qi = r % n_q
+            kv = h // group
+            t = qpos[b, qi]
+            row_sum[b, h, qi], negatives[b, h, qi] = _row_sum_and_negatives(rows[b, h, qi])
+            # Candidates, weights and the best max-N sources by the ranking.
+            mass = 0.0
+            n_cand = 0
+            filled = 0
+            m = min(max_n, t + 1)
+            for k in range(t, -1, -1):
+                a = float(rows[b, h, qi, k])
+                visible = key_mask[b, k]
+                mass += a if visible else 0.0
+                visible = visible and not (exclude_sink and k == 0)
+                alpha[k] = a if visible else 0.0
+                excluded[k] = 0.0 if visible else math.inf
+                proj[k] = 0.0
+                if not visible:
+                    continue
+                n_cand += 1
+                if ranking_mode == 0:
+                    score = a
+                elif ranking_mode == 1:
+                    score = a * math.sqrt(value_sq[b, kv, k])
+                else:  # -inf is still a candidate: above every non-candidate
+                    score = max(float(scores[b, h, qi, k]), -1.7976931348623157e308)
+                filled = _insert_top(top_idx, top_score, filled, m, k, score)
+            visible_sum[b, h, qi] = mass
+            if not qvalid[b, qi]:
+                continue
+            sink_rank = max_n  # rank of key 0 among the selected sources (max_n: not among them)
+            for rank in range(filled):
+                if top_idx[rank] == 0:
+                    sink_rank = rank
+            for k in range(t + 1):
+                a = alpha[k]
+                y_size[k] = a * a * value_sq[b, kv, k] if euclidean else a * math.sqrt(value_sq[b, kv, k])
+            agg[:] = 0.0
+            n_prev = 0
+            for j in range(ns.shape[0]):
+                n = ns[j]
+                if n >= n_cand:  # no unselected candidate: undefined from here on
+                    break
+                # Nested sets: the aggregate only gains sources top[n_prev:n].
+                for rank in range(n_prev, n):
+                    i = top_idx[rank]
+                    excluded[i] = math.inf
+                    a = alpha[i]
+                    if use_gram:
+                        for k in range(t + 1):
+                            proj[k] += a * gram[b, kv, i, k]
+                    else:
+                        for e in range(d):
+                            agg[e] += a * values[b, kv, i, e]
+                n_prev = n
+                agg_sq = 0.0
+                if use_gram:
+                    for rank in range(n):
+                        agg_sq += alpha[top_idx[rank]] * proj[top_idx[rank]]
+                else:
+                    for e in range(d):
+                        agg_sq += agg[e] * agg[e]
+                    for k in range(t + 1):
+                        proj[k] = _dot(values[b, kv, k], agg)
+                agg_norm = math.sqrt(max(agg_sq, 0.0))
+                # Distances of every key (+inf unless an unselected candidate) and ρ_min. Euclidean
+                # distances are D² − ‖s‖² = ‖y‖² − 2α⟨v, s⟩, never below −‖s‖² (the order of D;
+                # the radii add ‖s‖² back).
+                rho_min = math.inf
+                for k in range(t + 1):
+                    if euclidean:
+                        value = max(y_size[k] - 2.0 * alpha[k] * proj[k], -agg_sq) + excluded[k]
+                    else:
+                        value = 1.0 - alpha[k] * proj[k] / (y_size[k] * agg_norm + 1e-12) + excluded[k]
+                    dist[k] = value
+                    rho_min = min(rho_min, value)
+                # Each selected D_i: its inversions #{j∉S: D_j ≤ D_i} (selected keys hold +inf).
+                rho_max = -math.inf
+                inside = 0
+                ginv = 0
+                for rank in range(n):
+                    i = top_idx[rank]
+                    if euclidean:
+                        # N = 1: the selected point is the aggregate, D = 0 exactly
+                        value = -agg_sq if n == 1 else max(y_size[i] - 2.0 * alpha[i] * proj[i], -agg_sq)
+                    else:
+                        value = 1.0 - alpha[i] * proj[i] / (y_size[i] * agg_norm + 1e-12)
+                    rho_max = max(rho_max, value)
+                    inside += 1 if value < rho_min else 0
+                    ginv += _count_at_most(dist, t + 1, value)
+                outside = _count_at_most(dist, t + 1, rho_max)
+                p = n / (n + outside)
+                rc = inside / n
+                precision[b, h, qi, j] = p
+                recall[b, h, qi, j] = rc
+                f[b, h, qi, j] = 2 * p * rc / (p + rc) if rc > 0 else 0.0
+                if euclidean:
+                    margin[b, h, qi, j] = math.sqrt(rho_min + agg_sq) - math.sqrt(max(rho_max + agg_sq, 0.0))
+                else:
+                    margin[b, h, qi, j] = rho_min - rho_max
+                inversions[b, h, qi, j] = ginv
+                sink[b, h, qi, j] = sink_rank < n
