@@ -75,12 +75,23 @@ def test_chunking_over_queries_changes_nothing():
     _assert_same(whole, separability(pattern, v, (1, 4, 9), chunk_elements=1, backend="torch"))
 
 
-@pytest.mark.parametrize("gram_bytes", [1, 2 * 16 * 16 * 8])  # no Gram matrix; one batch element per slice
-def test_fused_modes_and_batch_slices_change_nothing(monkeypatch, gram_bytes):
+@pytest.mark.parametrize("gram_bytes", [1, 2 * 16 * 16 * 8])  # one (sequence, kv head) per block; one sequence
+def test_fused_gram_blocks_change_nothing(monkeypatch, gram_bytes):
     pattern, v, mask = random_attention(3, 4, 2, 16, seed=3, lengths=[16, 9, 12])
     whole = separability(pattern, v, (1, 4, 9), key_mask=mask, query_mask=mask, backend="numba")
     monkeypatch.setattr(metrics, "_GRAM_BYTES", gram_bytes)
     _assert_same(whole, separability(pattern, v, (1, 4, 9), key_mask=mask, query_mask=mask, backend="numba"))
+
+
+def test_fused_direct_products_equal_gram_updates():
+    """A few query rows take ⟨v_k, s_N⟩ directly; every row takes them from the Gram matrix."""
+    pattern, v, mask = random_attention(3, 4, 2, 16, seed=5, lengths=[16, 9, 12])
+    positions = torch.tensor([2, 15])  # 2 heads per kv head × 2 rows × 3 N < 16 keys: direct
+    every = separability(pattern, v, (1, 2, 3), key_mask=mask, query_mask=mask, backend="numba")
+    few = separability(pattern, v, (1, 2, 3), queries=positions, key_mask=mask, query_mask=mask, backend="numba")
+    for name in ("precision", "recall", "f", "margin", "inversions", "sink_selected"):
+        torch.testing.assert_close(getattr(few, name), getattr(every, name)[:, :, positions], equal_nan=True,
+                                   atol=1e-12, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,8 +35,8 @@ def _parse_n(text: str) -> tuple[int, ...]:
 def _writable_folder(out: Path) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / ".write-test").write_text("")
-        (out / ".write-test").unlink()
+        with tempfile.TemporaryFile(dir=out):  # a file of its own: torchrun ranks check at once
+            pass
     except OSError as exc:
         raise CliError(f"output folder {str(out)!r} is not writable ({exc.strerror})") from None
     return out

@@ -306,8 +306,20 @@ def _use_fused(backend: str, device: torch.device) -> bool:
 
 
 _METRIC_FIELDS = ("precision", "recall", "f", "margin", "inversions")
-# Bytes of one batch slice of Gram matrices in the fused backend; bounds its extra memory.
+# Bytes of one block of Gram matrices in the fused backend; bounds its extra memory.
 _GRAM_BYTES = 1 << 26
+
+
+def _gram_blocks(batch: int, kv: int, gram_bytes: int) -> list[tuple[slice, slice]]:
+    """(batch, kv head) blocks whose Gram matrices (``gram_bytes`` per kv head) fit ``_GRAM_BYTES``;
+    one (sequence, kv head) at least: never more than one head's attention pattern."""
+    per_sequence = kv * gram_bytes
+    if per_sequence * batch <= _GRAM_BYTES:
+        return [(slice(0, batch), slice(0, kv))]
+    if per_sequence <= _GRAM_BYTES:
+        step = _GRAM_BYTES // per_sequence
+        return [(slice(lo, min(lo + step, batch)), slice(0, kv)) for lo in range(0, batch, step)]
+    return [(slice(b, b + 1), slice(h, h + 1)) for b in range(batch) for h in range(kv)]
 
 
 def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclude_sink, key_mask, query_mask, dtype,
@@ -331,31 +343,32 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
     else:
         mode, scores = (0 if ranking == "attention" else 1), rows[:1, :1, :1, :1]
     # A Gram matrix V Vᵀ per kv head pays off when many query rows read it (``queries="all"``).
-    gram_bytes = values.shape[1] * k_hi * k_hi * values.element_size()
-    use_gram = group * n_sel * len(ns) >= k_hi and gram_bytes <= _GRAM_BYTES
-    step = max(1, _GRAM_BYTES // gram_bytes) if use_gram else batch
+    kv = values.shape[1]
+    use_gram = group * n_sel * len(ns) >= k_hi
     out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype) for name in _METRIC_FIELDS}
     sink = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool)
     stats = torch.zeros(3, batch, heads, n_sel, dtype=torch.float64)
     q_valid = query_mask.gather(1, qpos)
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     ns_array = np.asarray(ns, dtype=np.int64)
-    for lo in range(0, batch, step):
-        sl = slice(lo, lo + step)
+    for b_sl, kv_sl in _gram_blocks(batch, kv, k_hi * k_hi * values.element_size() if use_gram else 0):
+        h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
         if not use_gram:
             gram = values[:1, :1, :1, :1]
-        elif step >= batch:  # one slice holds every Gram matrix: keep it for the next call
-            gram = gram_cache.setdefault((k_hi, dtype), None)
+        elif (b_sl.stop - b_sl.start, kv_sl.stop - kv_sl.start) == (batch, kv):  # one block: keep for the next call
+            gram = gram_cache.get((k_hi, dtype))
             if gram is None:
                 gram = gram_cache[(k_hi, dtype)] = (values @ values.transpose(-1, -2)).contiguous()
         else:
-            gram = (values[sl] @ values[sl].transpose(-1, -2)).contiguous()
+            block = values[b_sl, kv_sl]
+            gram = (block @ block.transpose(-1, -2)).contiguous()
         separability_rows(
-            rows[sl].numpy(), scores[sl].numpy() if mode == 2 else scores.numpy(), mode, qpos[sl].contiguous().numpy(),
-            q_valid[sl].numpy(), key_mask[sl].contiguous().numpy(), values[sl].numpy(), value_sq[sl].numpy(),
-            gram.numpy(), use_gram, ns_array, exclude_sink, distance == "euclidean", group,
-            *(out[name][sl].numpy() for name in _METRIC_FIELDS), sink[sl].numpy(),
-            *(stat[sl].numpy() for stat in stats),
+            rows[b_sl, h_sl].numpy(), scores[b_sl, h_sl].numpy() if mode == 2 else scores.numpy(), mode,
+            qpos[b_sl].contiguous().numpy(), q_valid[b_sl].numpy(), key_mask[b_sl].contiguous().numpy(),
+            values[b_sl, kv_sl].numpy(), value_sq[b_sl, kv_sl].numpy(), gram.numpy(), use_gram, ns_array,
+            exclude_sink, distance == "euclidean", group,
+            *(out[name][b_sl, h_sl].numpy() for name in _METRIC_FIELDS), sink[b_sl, h_sl].numpy(),
+            *(stat[b_sl, h_sl].numpy() for stat in stats),
         )
     _check_distribution(stats[0], stats[1] > 0, stats[2], q_valid)
     return {**out, "sink_selected": sink}
