@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 NS = (1, 2, 4, 8, 16, 32)
-REPEATS = 3
+REPEATS = 7
 
 
 def _variants() -> dict:

@@ -10,10 +10,11 @@ has aggregate ``s_N = Σ_{i∈S} y_i`` and distances ``D_i = d(y_i, s_N)``; then
     GInv_N = Σ_{i∈S} Σ_{j∉S} 1{D_j ≤ D_i}
 
 Speed: distances need only ``‖y_i‖² = α_i²‖v_i‖²``, ``⟨y_i, s_N⟩ = α_i⟨v_i, s_N⟩`` and
-``‖s_N‖²``, so each N costs two skinny matmuls per query chunk (``s_N = (α·1_S) V`` and
-``V s_N``), with the value matrix read per kv head (no GQA copy). One stable sort per query row
-ranks the sources for every N; inversions count the N sorted selected distances below each
-distance (``searchsorted``). Nothing loops over heads or queries.
+``‖s_N‖²``, and top-N sets are nested. CPU tensors go to a fused numba kernel
+(``separability_kernel``: one query row at a time, Gram-matrix updates per new source); other
+devices to vectorised torch code (per N two skinny matmuls per query chunk, ``s_N = (α·1_S) V``
+and ``V s_N``, one ``topk`` per row, inversions by ``searchsorted``). Nothing loops over heads
+or queries in Python.
 
 Example:
     >>> import torch
