@@ -309,6 +309,8 @@ def _use_fused(backend: str, device: torch.device) -> bool:
 _METRIC_FIELDS = ("precision", "recall", "f", "margin", "inversions")
 # Bytes of one block of Gram matrices in the fused backend; bounds its extra memory.
 _GRAM_BYTES = 1 << 26
+# Row elements (rows × keys) below which the fused kernel runs on one thread.
+_PARALLEL_ELEMENTS = 1 << 17
 
 
 def _gram_blocks(batch: int, kv: int, gram_bytes: int) -> list[tuple[slice, slice]]:
@@ -328,7 +330,7 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
     """CPU backend: one numba kernel per batch slice (see ``separability_kernel``)."""
     import numba
 
-    from .separability_kernel import separability_rows
+    from .separability_kernel import separability_rows, squared_norms
 
     batch, heads, _, _ = pattern.shape
     n_sel = qpos.shape[1]
@@ -337,7 +339,7 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
     rows = (pattern if all_rows else _gather_rows(pattern, qpos)).detach()
     rows = (rows if rows.dtype in (torch.float32, torch.float64) else rows.to(dtype)).contiguous()
     values = v.detach()[:, :k_hi].to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
-    value_sq = values.double().pow(2).sum(-1)
+    value_sq = squared_norms(values.numpy())
     if isinstance(ranking, Tensor):
         scores = ranking.detach().to(torch.float64 if ranking.dtype == torch.float64 else torch.float32)
         mode, scores = 2, scores.contiguous()
@@ -350,7 +352,10 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
     sink = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool)
     stats = torch.zeros(3, batch, heads, n_sel, dtype=torch.float64)
     q_valid = query_mask.gather(1, qpos)
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    # Small jobs (e.g. the last query only) run on one thread: waking the pool costs more, and its
+    # spinning workers would slow torch's next operations.
+    threads = 1 if batch * heads * n_sel * k_hi < _PARALLEL_ELEMENTS else torch.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     ns_array = np.asarray(ns, dtype=np.int64)
     for b_sl, kv_sl in _gram_blocks(batch, kv, k_hi * k_hi * values.element_size() if use_gram else 0):
         h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
@@ -366,7 +371,7 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
         separability_rows(
             rows[b_sl, h_sl].numpy(), scores[b_sl, h_sl].numpy() if mode == 2 else scores.numpy(), mode,
             qpos[b_sl].contiguous().numpy(), q_valid[b_sl].numpy(), key_mask[b_sl].contiguous().numpy(),
-            values[b_sl, kv_sl].numpy(), value_sq[b_sl, kv_sl].numpy(), gram.numpy(), use_gram, ns_array,
+            values[b_sl, kv_sl].numpy(), value_sq[b_sl, kv_sl], gram.numpy(), use_gram, ns_array,
             exclude_sink, distance == "euclidean", group,
             *(out[name][b_sl, h_sl].numpy() for name in _METRIC_FIELDS), sink[b_sl, h_sl].numpy(),
             *(stat[b_sl, h_sl].numpy() for stat in stats),

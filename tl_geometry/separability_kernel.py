@@ -16,6 +16,10 @@ sources to the aggregate and needs only ``p_k = ⟨v_k, s_N⟩`` for the visible
 - Direct mode (few query rows per kv head, e.g. ``queries="last"``): ``s += α_i v_i``, then
   ``p_k = v_k · s``.
 
+Selected and non-candidate keys carry ``+inf`` distances, so ρ_min, the outside count and the
+inversions ``Σ_{i∈S} #{j: D_j ≤ D_i}`` are branch-free loops (integer sums of comparisons,
+which LLVM vectorises). Example: ``tests/test_metrics.py`` runs every oracle case on this kernel.
+
 The caller picks the mode and bounds the Gram matrix's memory (see ``metrics``).
 """
 
@@ -64,6 +68,18 @@ def _dot(x, y):
     for e in range(x.shape[0]):
         acc += float(x[e]) * y[e]
     return acc
+
+
+@numba.njit(cache=True, nogil=True)
+def squared_norms(values):
+    """``‖v‖²`` in float64 over the last axis of ``[batch, kv, key, d]`` values (no float64 copy)."""
+    n_batch, n_kv, n_k, _ = values.shape
+    out = np.empty((n_batch, n_kv, n_k))
+    for b in range(n_batch):
+        for h in range(n_kv):
+            for k in range(n_k):
+                out[b, h, k] = _dot(values[b, h, k], values[b, h, k].astype(np.float64))
+    return out
 
 
 @numba.njit(cache=True, nogil=True)
