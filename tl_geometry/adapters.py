@@ -86,12 +86,17 @@ class LayerAttention:
     n_kv_heads: int
 
     @property
+    def heads_per_kv(self) -> int:
+        """Query heads reading each kv head (1 without GQA)."""
+        return self.v.shape[2] // self.n_kv_heads
+
+    @property
     def kv_values(self) -> Float[Tensor, "batch key kv_head d_head"]:
         """The model's own kv heads (a view of ``v``, which repeats each one per query head).
 
         Geometry functions accept either; per-kv-head work (Gram matrices, norms) is done once.
         """
-        return self.v[:, :, :: self.v.shape[2] // self.n_kv_heads]
+        return self.v[:, :, :: self.heads_per_kv]
 
 
 @dataclass

@@ -265,11 +265,10 @@ class SeparabilityAccumulator:
 
         # The sink and regime statistics of values are per kv head: compute them once per kv head
         # (not once per query head reading it), then give each query head its kv head's value.
-        group = att.pattern.shape[1] // att.n_kv_heads
         kv_values = att.kv_values
 
         def put_per_head(name: str, value: Tensor) -> None:
-            put(name, value.repeat_interleave(group, 1))
+            put(name, value.repeat_interleave(att.heads_per_kv, 1))
 
         geometry = sink_geometry(att.pattern, kv_values, self.ns, ranking=ranking, queries=queries, **masks)
         for name in ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine", "cosine_by_lag"):

@@ -410,7 +410,7 @@ def _separability_torch(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
         cand = visible & (ar_k != 0) if exclude_sink else visible
         cand = cand[:, None].expand(batch, heads, -1, k_hi)
         alpha = torch.where(visible[:, None], rows[..., :k_hi], 0.0)
-        _check_distribution(rows.sum(-1), rows.amin(-1) < 0, alpha.sum(-1), q_valid)
+        _check_rows(rows, alpha.sum(-1), q_valid)
         if exclude_sink:
             alpha[..., 0] = 0.0
         if isinstance(ranking, Tensor):  # rows of the chosen queries (the caller gathered them)
@@ -511,9 +511,7 @@ def _chunk_metrics(alpha, order, cand, n_cand, values, value_sq, value_norm, ns,
             below = torch.searchsorted(sel_dist.sort(-1).values, dist, right=False, out_int32=True)
             inversions = n_value * n_k - below.sum(-1, dtype=torch.int32)
             outside = (below < n_value).sum(-1, dtype=torch.int32)
-        denominator = n_value + outside.to(dist.dtype)
-        # a tensor quotient: `n / tensor` would multiply by a reciprocal (not correctly rounded)
-        precision = torch.full_like(denominator, n_value) / denominator
+        precision = _precision_from_outside(n_value, outside.to(dist.dtype))
         recall = inside.to(dist.dtype) / n_value
         f = torch.where(recall > 0, 2 * precision * recall / (precision + recall), 0.0)
         if distance == "euclidean":
@@ -525,6 +523,18 @@ def _chunk_metrics(alpha, order, cand, n_cand, values, value_sq, value_norm, ns,
             results[name].append(torch.where(defined, value, nan))
         results["sink_selected"].append((top == 0).any(-1) & defined)
     return {name: torch.stack(value, -1) for name, value in results.items()}
+
+
+def _precision_from_outside(n_value: int, outside: Tensor) -> Tensor:
+    """``N / (N + outside)`` correctly rounded (``n / tensor`` would multiply by a reciprocal), so
+    every implementation and bound gives the same float for the same counts."""
+    denominator = n_value + outside
+    return torch.full_like(denominator, n_value) / denominator
+
+
+def _check_rows(rows: Tensor, visible_mass: Tensor, valid: Tensor) -> None:
+    """:func:`_check_distribution` of whole ``[batch, head, q, key]`` rows."""
+    _check_distribution(rows.sum(-1), rows.amin(-1) < 0, visible_mass, valid)
 
 
 def separability_over_rankings(
@@ -659,6 +669,6 @@ def query_rows(
     ar = torch.arange(n_k, device=device)
     visible = (ar[None, None, :] <= qpos[:, :, None]) & key_mask[:, None, :] & valid[:, :, None]
     alpha = torch.where(visible[:, None], rows, 0.0)
-    _check_distribution(rows.sum(-1), rows.amin(-1) < 0, alpha.sum(-1), valid)
+    _check_rows(rows, alpha.sum(-1), valid)
     values = v.to(dtype).permute(0, 2, 1, 3).contiguous()
     return QueryRows(qpos, valid, alpha, visible, values, values.norm(dim=-1), heads // v.shape[2], key_mask)

@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .metrics import _as_n_tuple, _check_inputs, query_rows, top_order
+from .metrics import _as_n_tuple, _check_inputs, _precision_from_outside, query_rows, top_order
 from .sink import value_norms_and_sink_cosines
 
 __all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope"]
@@ -246,7 +246,7 @@ def sink_aware_bounds(
         outside = (unselected & (lower <= u_max + slack)).sum(-1)
         inside = (selected & (upper + slack < l_min)).sum(-1)
         defined = n_visible > n_value
-        denominator = n_value + outside.to(alpha.dtype)  # P as separability computes it, to the last bit
-        precision.append(torch.where(defined, torch.full_like(denominator, n_value) / denominator, nan))
+        # P as separability computes it, to the last bit
+        precision.append(torch.where(defined, _precision_from_outside(n_value, outside.to(alpha.dtype)), nan))
         recall.append(torch.where(defined, inside.to(alpha.dtype) / n_value, nan))
     return SinkAwareBounds(ns, torch.stack(precision, -1), torch.stack(recall, -1), rows.qpos)

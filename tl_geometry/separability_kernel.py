@@ -78,8 +78,17 @@ def squared_norms(values):
     for b in range(n_batch):
         for h in range(n_kv):
             for k in range(n_k):
-                out[b, h, k] = _dot(values[b, h, k], values[b, h, k].astype(np.float64))
+                out[b, h, k] = _dot(values[b, h, k], values[b, h, k])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _distance(euclidean, y_size, a, proj, agg_sq, agg_norm):
+    """One key's distance to s_N from ‖y‖ (or ‖y‖²), α and ⟨v, s_N⟩. Euclidean: D² − ‖s‖² =
+    ‖y‖² − 2α⟨v, s⟩, never below −‖s‖² (the order of D; the radii add ‖s‖² back)."""
+    if euclidean:
+        return max(y_size - 2.0 * a * proj, -agg_sq)
+    return 1.0 - a * proj / (y_size * agg_norm + 1e-12)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -201,15 +210,10 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
                     for k in range(t + 1):
                         proj[k] = _dot(values[b, kv, k], agg)
                 agg_norm = math.sqrt(max(agg_sq, 0.0))
-                # Distances of every key (+inf unless an unselected candidate) and ρ_min. Euclidean
-                # distances are D² − ‖s‖² = ‖y‖² − 2α⟨v, s⟩, never below −‖s‖² (the order of D;
-                # the radii add ‖s‖² back).
+                # Distances of every key (+inf unless an unselected candidate) and ρ_min.
                 rho_min = math.inf
                 for k in range(t + 1):
-                    if euclidean:
-                        value = max(y_size[k] - 2.0 * alpha[k] * proj[k], -agg_sq) + excluded[k]
-                    else:
-                        value = 1.0 - alpha[k] * proj[k] / (y_size[k] * agg_norm + 1e-12) + excluded[k]
+                    value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
                     dist[k] = value
                     rho_min = min(rho_min, value)
                 # Each selected D_i: its inversions #{j∉S: D_j ≤ D_i} (selected keys hold +inf).
@@ -218,11 +222,9 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
                 ginv = 0
                 for rank in range(n):
                     i = top_idx[rank]
-                    if euclidean:
-                        # N = 1: the selected point is the aggregate, D = 0 exactly
-                        value = -agg_sq if n == 1 else max(y_size[i] - 2.0 * alpha[i] * proj[i], -agg_sq)
-                    else:
-                        value = 1.0 - alpha[i] * proj[i] / (y_size[i] * agg_norm + 1e-12)
+                    value = _distance(euclidean, y_size[i], alpha[i], proj[i], agg_sq, agg_norm)
+                    if euclidean and n == 1:  # the selected point is the aggregate: D = 0 exactly
+                        value = -agg_sq
                     rho_max = max(rho_max, value)
                     inside += 1 if value < rho_min else 0
                     ginv += _count_at_most(dist, t + 1, value)
