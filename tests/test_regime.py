@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_geometry.metrics import separability
+from tl_geometry.metrics import inversion_bounds, separability
 from tl_geometry.regime import fit_regime, regime_envelope, sink_aware_bounds
 
 from .inputs import random_attention
@@ -126,3 +127,141 @@ def test_envelope_is_prefix_tight():
             unit = x / (norms[:, None] + 1e-12)
             cos = (unit @ unit.T).abs().fill_diagonal_(0)
             assert math.isclose(env["mu"][b, 0, t].item(), cos.max().item(), rel_tol=1e-12)
+
+
+def example_a(dtype=torch.float64):
+    """t = 3, orthonormal non-sink values, sink (e1 + e2 + e3)/√3 aligned with all of them; the last
+    query puts (0.29, 0.30, 0.30, 0.11) on keys 0..3. Top-2 = {1, 2}: measured P₂ = 2/3, R₂ = 0."""
+    eye = torch.eye(3, dtype=dtype)
+    v = torch.cat([eye.sum(0, keepdim=True) / 3**0.5, eye])[None, :, None, :]
+    pattern = torch.tensor([[1, 0, 0, 0], [.5, .5, 0, 0], [.4, .3, .3, 0], [.29, .30, .30, .11]], dtype=dtype)
+    return pattern[None, None], v
+
+
+def test_example_a_with_n_in_any_order():
+    pattern, v = example_a()
+    sep = separability(pattern, v, (3, 2), queries="last")
+    assert sep.precision.flatten().tolist()[1] == 2 / 3 and sep.recall.flatten().tolist()[1] == 0
+    bound = sink_aware_bounds(pattern, v, (3, 2), queries="last")
+    assert (bound.precision <= sep.precision).all() and (bound.recall <= sep.recall).all()
+    # the columns are those of the same N listed in increasing order (repeats allowed)
+    ordered = sink_aware_bounds(pattern, v, (2, 3, 2), queries="last")
+    assert torch.equal(bound.precision[..., [1, 0]], ordered.precision[..., :2])
+    assert torch.equal(ordered.precision[..., 0], ordered.precision[..., 2])
+    assert torch.equal(bound.recall[..., [1, 0]], ordered.recall[..., :2])
+
+
+def test_bound_with_the_sink_excluded_certifies_the_sink_excluded_measurement():
+    # orthogonal sink with α₀ = 0.5 and duplicated v₁ = v₂: without the sink, N = 1 selects key 1
+    # and key 2 lies at the same point, so P₁ = 0.5, R₁ = 0
+    v = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)[None, :, None, :]
+    pattern = torch.tensor([[1, 0, 0], [.5, .5, 0], [.5, .25, .25]], dtype=torch.float64)[None, None]
+    sep = separability(pattern, v, 1, queries="last", exclude_sink=True)
+    assert sep.precision.item() == 0.5 and sep.recall.item() == 0.0
+    bound = sink_aware_bounds(pattern, v, 1, queries="last", exclude_sink=True)
+    assert bound.precision.item() <= 0.5 and bound.recall.item() == 0.0
+
+
+def test_minus_infinity_scores_select_as_in_separability():
+    # left padding (key 0 is a pad): a real source scored -inf must still come before the pad
+    pattern, v, _ = random_attention(1, 2, 1, 6, d=3, seed=3)
+    key_mask = torch.tensor([[False, True, True, True, True, True]])
+    pattern = pattern.clone()
+    pattern[..., 0] = 0
+    pattern = pattern / pattern.sum(-1, keepdim=True).clamp_min(1e-300)
+    query_mask = key_mask.clone()
+    scores = torch.rand(pattern.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    scores[..., 1:3] = -torch.inf  # two real sources at -inf: N = t - 1 must take one of them
+    finite = scores.clamp_min(-1e300)
+    kwargs = {"key_mask": key_mask, "query_mask": query_mask}
+    a = sink_aware_bounds(pattern, v, (1, 2, 3), ranking=scores, **kwargs)
+    b = sink_aware_bounds(pattern, v, (1, 2, 3), ranking=finite, **kwargs)
+    assert torch.equal(a.precision.nan_to_num(-1), b.precision.nan_to_num(-1))
+    assert torch.equal(a.recall.nan_to_num(-1), b.recall.nan_to_num(-1))
+    sep = separability(pattern, v, (1, 2, 3), ranking=scores, **kwargs)
+    assert (a.precision[sep.defined] <= sep.precision[sep.defined]).all()
+
+
+def test_inversion_recall_certificate_is_correctly_rounded():
+    # N = 3, GInv = 2: 1 − 2/3 rounds to 0.33333333333333337, one ulp above the measured 1/3
+    from tl_geometry.metrics import Separability
+
+    inv = torch.tensor([2.0, 0.0, 7.0, torch.nan], dtype=torch.float64).view(1, 1, 4, 1)
+    sep = Separability(n=(3,), precision=inv, recall=inv, f=inv, margin=inv, inversions=inv,
+                       sink_selected=torch.zeros_like(inv, dtype=torch.bool), query_positions=torch.arange(4)[None])
+    p_low, r_low = inversion_bounds(sep)
+    assert r_low.flatten()[:3].tolist() == [1 / 3, 1.0, 0.0] and math.isnan(r_low.flatten()[3])
+    assert p_low.flatten()[:3].tolist() == [3 / 5, 1.0, 0.3]
+
+
+def test_corollary_1_needs_constant_norms():
+    # orthogonal values with norms (1, 1, 2, 1): P = R = 1, but the certificate gives 0.5 and 0
+    v = (torch.eye(4, dtype=torch.float64) * torch.tensor([1.0, 1, 2, 1], dtype=torch.float64))[None, :, None]
+    pattern = torch.tensor([[1, 0, 0, 0], [.5, .5, 0, 0], [.4, .3, .3, 0], [.1, .4, .3, .2]], dtype=torch.float64)
+    sep = separability(pattern[None, None], v, 2, queries="last")
+    bound = sink_aware_bounds(pattern[None, None], v, 2, queries="last")
+    assert (sep.precision.item(), sep.recall.item()) == (1.0, 1.0)
+    assert (bound.precision.item(), bound.recall.item()) == (0.5, 0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_uniform_attention_at_t255_is_certified_perfect(dtype):
+    # Corollary 1 in float32 needs a slack that scales with the weights (Lemma 3): uniform
+    # weights 1/256 make every margin α²c², far below an absolute 1024·eps·c²
+    pos = 256
+    v = (2.0 * torch.eye(pos, dtype=dtype))[None, :, None]
+    pattern = torch.ones(pos, pos, dtype=dtype).tril()
+    pattern = (pattern / pattern.sum(-1, keepdim=True))[None, None]
+    ns = (1, 2, 4, 8, 16, 32)
+    bound = sink_aware_bounds(pattern, v, ns, queries="last")
+    sep = separability(pattern, v, ns, queries="last")
+    assert sep.precision.flatten().tolist() == [1.0] * 6 and sep.recall.flatten().tolist() == [1.0] * 6
+    assert bound.precision.flatten().tolist() == [1.0] * 6 and bound.recall.flatten().tolist() == [1.0] * 6
+
+
+def informative_inputs(seed, pos, d, c, c0, beta, temperature, sink_bias, dtype):
+    """Inputs where the bound is informative: orthonormal non-sink directions (d ≥ pos), constant
+    norm c, a short sink (c0 < c) whose alignment to every non-sink direction is the same ±beta."""
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0][:pos - 1]
+    mean = basis.sum(0)
+    sink = beta * mean / mean.norm() + (1 - beta**2) ** 0.5 * torch.linalg.qr(
+        torch.randn(d, d, generator=g, dtype=torch.float64))[0][-1] * (d > pos - 1)
+    sink = sink / sink.norm()
+    v = torch.cat([c0 * sink[None], c * basis])[None, :, None, :]
+    logits = torch.randn(1, 2, pos, pos, generator=g, dtype=torch.float64) * temperature
+    logits[..., 0] += sink_bias
+    causal = torch.ones(pos, pos, dtype=torch.bool).tril()
+    return logits.masked_fill(~causal, -torch.inf).softmax(-1).to(dtype), v.to(dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), pos=st.integers(3, 12), c=st.floats(0.5, 4.0), ratio=st.floats(0.05, 0.99),
+       beta=st.floats(-0.9, 0.9), temperature=st.floats(0.0, 4.0), sink_bias=st.floats(-3.0, 4.0),
+       dtype=st.sampled_from([torch.float32, torch.float64]), exclude_sink=st.booleans(),
+       ranking=st.sampled_from(["attention", "contribution", "random"]),
+       ns=st.lists(st.integers(1, 10), min_size=1, max_size=5))
+def test_bounds_are_certificates_where_informative(seed, pos, c, ratio, beta, temperature, sink_bias, dtype,
+                                                   exclude_sink, ranking, ns):
+    pattern, v = informative_inputs(seed, pos, pos + 3, c, c * ratio, beta, temperature, sink_bias, dtype)
+    if ranking == "random":
+        ranking = torch.rand(pattern.shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    sep = separability(pattern, v, ns, ranking=ranking, exclude_sink=exclude_sink)
+    bound = sink_aware_bounds(pattern, v, ns, ranking=ranking, exclude_sink=exclude_sink)
+    assert torch.equal(torch.isnan(bound.precision), torch.isnan(sep.precision))
+    defined = sep.defined
+    assert (bound.precision[defined] <= sep.precision[defined]).all()
+    assert (bound.recall[defined] <= sep.recall[defined]).all()
+
+
+def test_the_informative_family_is_informative():
+    # the property test above checks something: on its inputs the bound beats the trivial N/(t+1)
+    better, cells = 0, 0
+    for seed in range(5):
+        pattern, v = informative_inputs(seed, 10, 13, 1.0, 0.3, -0.5, 1.0, 0.0, torch.float32)
+        bound = sink_aware_bounds(pattern, v, (1, 2, 3))
+        trivial = torch.tensor([1, 2, 3]) / (torch.arange(10)[None, None, :, None] + 1)
+        defined = ~torch.isnan(bound.precision)
+        better += int(((bound.precision > trivial + 1e-6) & defined).sum())
+        cells += int(defined.sum())
+    assert better / cells > 0.8

@@ -290,7 +290,9 @@ class SeparabilityAccumulator:
         put("precision_certificate", sequence_means(precision_cert))
         put("recall_certificate", sequence_means(recall_cert))
         if self.options["distance"] == "euclidean":  # the sink-aware bounds are Euclidean
-            bounds = sink_aware_bounds(att.pattern, kv_values, self.ns, ranking=ranking, queries=queries, **masks)
+            # the same candidate sources as the measured P and R beside it
+            bounds = sink_aware_bounds(att.pattern, kv_values, self.ns, ranking=ranking, queries=queries,
+                                       exclude_sink=self.options["exclude_sink"], **masks)
             put("precision_bound", sequence_means(bounds.precision))
             put("recall_bound", sequence_means(bounds.recall))
 

@@ -391,6 +391,7 @@ def _separability_torch(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
     values = v.to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
     value_sq = values.pow(2).sum(-1)  # [batch, kv, key]
     value_norm = value_sq.sqrt()
+    value_sq64 = squared_value_norms(values) if isinstance(ranking, str) and ranking == "contribution" else None
 
     out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype, device=device)
            for name in _METRIC_FIELDS}
@@ -413,14 +414,9 @@ def _separability_torch(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
         _check_rows(rows, alpha.sum(-1), q_valid)
         if exclude_sink:
             alpha[..., 0] = 0.0
-        if isinstance(ranking, Tensor):  # rows of the chosen queries (the caller gathered them)
-            score = ranking[:, :, sl, :k_hi].to(dtype)
-        elif ranking == "contribution":
-            score = alpha * value_norm[..., :k_hi].repeat_interleave(group, 1)[:, :, None, :]
-        else:
-            score = alpha
-        # Non-candidates sort strictly last: candidates' scores are clamped to finite values.
-        score = torch.where(cand, score.clamp_min(torch.finfo(dtype).min), -torch.inf)
+        # rows of the chosen queries (a score tensor was gathered by the caller)
+        chunk_ranking = ranking[:, :, sl, :k_hi] if isinstance(ranking, Tensor) else ranking
+        score = selection_scores(alpha, cand, chunk_ranking, None if value_sq64 is None else value_sq64[..., :k_hi], group)
         order = top_order(score, min(max(ns), k_hi))
         n_cand = cand.sum(-1, dtype=torch.int32)  # [batch, head, c]; candidates hold ranks 0..n_cand-1
 
@@ -449,6 +445,41 @@ def top_order(score: Float[Tensor, "... key"], m: int) -> Int[Tensor, "... m"]:
     position = torch.arange(n_k - 1, -1, -1, device=score.device)  # earlier position, larger key
     keys = (bits.long() << 16) | position
     return keys.topk(m, dim=-1, sorted=True).indices
+
+
+def squared_value_norms(values: Float[Tensor, "batch kv key d"]) -> Float[Tensor, "batch kv key"]:
+    """``‖v‖²`` in float64: the one computation behind every contribution ranking (``α‖v‖``), so
+    separability (either backend), the bounds and the sink diagnostics select the same sets."""
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        try:
+            from .separability_kernel import squared_norms
+        except ImportError:
+            pass
+        else:
+            return torch.from_numpy(squared_norms(values.detach().contiguous().numpy()))
+    return values.detach().double().pow(2).sum(-1)
+
+
+def selection_scores(
+    alpha: Float[Tensor, "batch head q key"],
+    candidates: Bool[Tensor, "... key"],
+    ranking: str | Tensor,
+    value_sq: Float[Tensor, "batch kv key"] | None,
+    group: int,
+) -> Float[Tensor, "batch head q key"]:
+    """Scores that decide every top-N set (the fused kernel applies the same rule): ``α``,
+    ``α·sqrt(‖v‖²)`` in float64 from :func:`squared_value_norms`, or the caller's scores;
+    candidates' scores clamped to finite values and non-candidates at ``-inf``, so a candidate
+    scored ``-inf`` still comes before every non-candidate. Ties are broken by :func:`top_order`."""
+    if isinstance(ranking, Tensor):
+        score = ranking.to(torch.promote_types(ranking.dtype, alpha.dtype))
+    elif ranking == "contribution":
+        score = alpha.double() * value_sq.sqrt().repeat_interleave(group, 1)[:, :, None, :]
+    elif ranking == "attention":
+        score = alpha
+    else:
+        raise ValueError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
+    return torch.where(candidates, score.clamp_min(torch.finfo(score.dtype).min), -torch.inf)
 
 
 def _chunk_metrics(alpha, order, cand, n_cand, values, value_sq, value_norm, ns, group, distance):
@@ -594,7 +625,7 @@ def random_separability(
 
 
 def inversion_bounds(sep: Separability) -> tuple[Float[Tensor, "batch head query n"], Float[Tensor, "batch head query n"]]:
-    """The assumption-free certificates of SPEC §2: ``P_N ≥ N/(N+GInv)``, ``R_N ≥ max(0, 1−GInv/N)``.
+    """The assumption-free certificates: ``P_N ≥ N/(N+GInv)``, ``R_N ≥ max(0, N−GInv)/N``.
 
     Returns ``(precision_lower, recall_lower)`` shaped like ``sep.precision`` (NaN where undefined).
 
@@ -605,9 +636,10 @@ def inversion_bounds(sep: Separability) -> tuple[Float[Tensor, "batch head query
     ([1.0], [1.0])
     """
     n = torch.tensor(sep.n, dtype=sep.inversions.dtype, device=sep.inversions.device)
+    # Quotients of exact integers, each rounded once (1 − GInv/N rounds twice: one ulp above R).
     precision_lower = n / (n + sep.inversions)
-    recall_lower = (1 - sep.inversions / n).clamp_min(0)
-    return precision_lower, torch.where(torch.isnan(sep.inversions), torch.nan, recall_lower)
+    recall_lower = (n - sep.inversions).clamp_min(0) / n
+    return precision_lower, recall_lower
 
 
 @dataclass
@@ -636,17 +668,18 @@ class QueryRows:
         """``[batch, kv, ...]`` → ``[batch, head, ...]`` (query head h reads kv head h // group)."""
         return x.repeat_interleave(self.group, 1)
 
-    def scores(self, ranking: str | Tensor) -> Float[Tensor, "batch head q key"]:
-        """Ranking scores of the rows (``"attention"``, ``"contribution"`` or a tensor shaped like the rows)."""
-        if isinstance(ranking, Tensor):
-            if ranking.shape != self.alpha.shape:
-                raise ValueError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
-            return ranking.to(self.alpha.dtype)
-        if ranking == "attention":
-            return self.alpha
-        if ranking == "contribution":
-            return self.alpha * self.per_head(self.value_norm)[:, :, None, :]
-        raise ValueError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
+    def candidates(self, exclude_sink: bool = False) -> Bool[Tensor, "batch q key"]:
+        """Candidate sources of each row: the visible keys, less key 0 with ``exclude_sink``."""
+        if not exclude_sink:
+            return self.visible
+        return self.visible & (torch.arange(self.visible.shape[-1], device=self.visible.device) != 0)
+
+    def selection_scores(self, ranking: str | Tensor, exclude_sink: bool = False) -> Float[Tensor, "batch head q key"]:
+        """:func:`selection_scores` of the rows (a score tensor must be shaped like the rows)."""
+        if isinstance(ranking, Tensor) and ranking.shape != self.alpha.shape:
+            raise ValueError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
+        value_sq = squared_value_norms(self.values) if isinstance(ranking, str) and ranking == "contribution" else None
+        return selection_scores(self.alpha, self.candidates(exclude_sink)[:, None], ranking, value_sq, self.group)
 
 
 def query_rows(

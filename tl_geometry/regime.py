@@ -33,7 +33,7 @@ from torch import Tensor
 from .metrics import _as_n_tuple, _check_inputs, _precision_from_outside, query_rows, top_order
 from .sink import value_norms_and_sink_cosines
 
-__all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope"]
+__all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "rounding_slack_scale"]
 
 NORM_TOLERANCE = 0.1  # relative spread (std / mean) of non-sink norms accepted as "constant"
 SIGN_TOLERANCE = 0.9  # share of non-sink sources whose sink cosine has the majority sign
@@ -184,6 +184,15 @@ def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
     return diag * sum_sq + pair * (total.square() - sum_sq) + sink_sq * sink_w.square() + 2 * sink_pair * sink_w * total
 
 
+def rounding_slack_scale(dtype: torch.dtype, d_head: int, n_keys: int) -> float:
+    """``8·γ_m`` with ``γ_m = m·u / (1 − m·u)``, ``m = 2(d_head + n_keys) + 32`` and ``u`` the unit
+    roundoff of ``dtype``: times ``max(c_hi², c_0²)·(α_j + W + w_0)²`` it bounds every rounding
+    error of a certificate comparison (docs/theory.md, Lemma 3)."""
+    u = torch.finfo(dtype).eps / 2
+    m = 2 * (d_head + n_keys) + 32
+    return 8 * m * u / (1 - m * u)
+
+
 def sink_aware_bounds(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
@@ -191,6 +200,7 @@ def sink_aware_bounds(
     *,
     ranking: str | Tensor = "attention",
     queries: str | Tensor = "all",
+    exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
 ) -> SinkAwareBounds:
@@ -201,29 +211,35 @@ def sink_aware_bounds(
 
         P_N ≥ N / (N + #{j∉S : L_j ≤ max_{i∈S} U_i})      R_N ≥ #{i∈S : U_i < min_{j∉S} L_j} / N
 
-    Valid for any top-N set, so any ``ranking`` works. Shapes as in :func:`tl_geometry.separability`.
+    Valid for any top-N set, so any ``ranking`` works; the sets are those :func:`separability`
+    measures with the same arguments (same selection rule, ``exclude_sink`` removes key 0 from
+    the candidates). Comparisons carry the rounding slack of Lemma 3 in the safe direction.
+    Shapes as in :func:`tl_geometry.separability`; ``n`` in any order, repeats allowed.
     """
     _check_inputs(pattern, v)
     ns = _as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
-    key_mask = rows.key_mask
-    env = regime_envelope(rows.values, key_mask)
+    env = regime_envelope(rows.values, rows.key_mask)
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
     g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in _gram_bounds(env).items()}  # [b, h, q, 1]
 
-    alpha, visible = rows.alpha, rows.visible[:, None]
+    candidates = rows.candidates(exclude_sink)[:, None]  # [b, 1, q, key]
+    alpha = rows.alpha.clone() if exclude_sink else rows.alpha
+    if exclude_sink:  # the sink takes no part: no weight in s_N, not an unselected source
+        alpha[..., 0] = 0.0
     is_sink = torch.zeros(n_k, dtype=torch.bool, device=pattern.device)
     is_sink[0] = True
-    score = torch.where(visible, rows.scores(ranking), -torch.inf)
-    order = top_order(score, min(max(ns), n_k))
-    n_visible = visible.sum(-1)
+    distinct = tuple(sorted(set(ns)))  # nested sets grow over increasing N
+    order = top_order(rows.selection_scores(ranking, exclude_sink), min(distinct[-1], n_k))
+    n_candidates = candidates.sum(-1)
     weights = torch.zeros_like(alpha)
     nan = torch.tensor(torch.nan, dtype=alpha.dtype, device=alpha.device)
     own_diag = torch.where(is_sink, g["sink_sq"], g["diag_lo"])  # lower bound on ‖v_j‖²
-    slack = 1024 * torch.finfo(alpha.dtype).eps * torch.maximum(g["diag_hi"], g["sink_sq"])
-    precision, recall = [], []
-    for n_value in ns:
+    own = torch.where(is_sink, 0.0, alpha)
+    slack_scale = rounding_slack_scale(alpha.dtype, rows.values.shape[-1], n_k) * torch.maximum(g["diag_hi"], g["sink_sq"])
+    precision, recall = {}, {}
+    for n_value in distinct:
         top = order[..., :n_value]
         weights.scatter_(-1, top, alpha.gather(-1, top))
         selected = torch.zeros(alpha.shape, dtype=torch.bool, device=alpha.device).scatter_(-1, top, True)
@@ -231,22 +247,23 @@ def sink_aware_bounds(
         total = weights[..., 1:].sum(-1, keepdim=True)
         sum_sq = weights[..., 1:].square().sum(-1, keepdim=True)
         # U_i: ‖s − y_i‖² = ‖Σ_{k∈S∖i} y_k‖², with i's own weight removed from its pair type.
-        own = torch.where(is_sink, 0.0, alpha)
         upper = _quadratic(sum_sq - own.square(), total - own, torch.where(is_sink, 0.0, sink_w),
                            g["diag_hi"], g["pair_hi"], g["sink_hi"], g["sink_sq"])
         # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ‖s‖² and ⟨v_j, s⟩ bounded by pair type.
         s_sq_lo = _quadratic(sum_sq, total, sink_w, g["diag_lo"], g["pair_lo"], g["sink_lo"], g["sink_sq"]).clamp_min(0)
         inner_hi = torch.where(is_sink, g["sink_hi"] * total, g["pair_hi"] * total + g["sink_hi"] * sink_w)
         lower = alpha.square() * own_diag + s_sq_lo - 2 * alpha * inner_hi
-        unselected = visible & ~selected
+        # Lemma 3: L_j less a slack that covers every rounding error of the comparison, scaled
+        # like the terms it compares (all at most max(c_hi², c_0²)·(α_j + W + w_0)²).
+        lower = lower - slack_scale * (alpha + total + sink_w).square()
+        unselected = candidates & ~selected
         u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
         l_min = torch.where(unselected, lower, torch.inf).amin(-1, keepdim=True)
-        # Rounding slack (every term is at most the largest squared norm, weights sum to ≤ 1) keeps
-        # the certificate on the safe side where a bound is attained exactly (e.g. duplicates).
-        outside = (unselected & (lower <= u_max + slack)).sum(-1)
-        inside = (selected & (upper + slack < l_min)).sum(-1)
-        defined = n_visible > n_value
+        outside = (unselected & (lower <= u_max)).sum(-1)
+        inside = (selected & (upper < l_min)).sum(-1)
+        defined = n_candidates > n_value
         # P as separability computes it, to the last bit
-        precision.append(torch.where(defined, _precision_from_outside(n_value, outside.to(alpha.dtype)), nan))
-        recall.append(torch.where(defined, inside.to(alpha.dtype) / n_value, nan))
-    return SinkAwareBounds(ns, torch.stack(precision, -1), torch.stack(recall, -1), rows.qpos)
+        precision[n_value] = torch.where(defined, _precision_from_outside(n_value, outside.to(alpha.dtype)), nan)
+        recall[n_value] = torch.where(defined, inside.to(alpha.dtype) / n_value, nan)
+    return SinkAwareBounds(ns, torch.stack([precision[x] for x in ns], -1), torch.stack([recall[x] for x in ns], -1),
+                           rows.qpos)

@@ -112,7 +112,7 @@ def sink_geometry(
     cosine_by_lag = torch.where(nonsink_kv, cosines, nan)
 
     valid = rows.valid[:, None, :]  # [batch, 1, q]
-    score = torch.where(rows.visible[:, None], rows.scores(ranking), -torch.inf)
+    score = rows.selection_scores(ranking)
     sink_mass = torch.where(valid, rows.alpha[..., 0], nan)
     ahead = ((score > score[..., :1]) & rows.visible[:, None]).sum(-1, dtype=torch.int32)
     sink_rank = torch.where(valid, ahead.to(rows.alpha.dtype), nan)
