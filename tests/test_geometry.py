@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from tl_geometry.adapters import read_layer
+from tl_geometry.analysis import analyze_separability
 from tl_geometry.geometry import (
     SINK_HEAD_METRICS,
     SINK_N_METRICS,
     GeometryResult,
-    analyze_separability,
     bootstrap_ci,
     window_generator,
 )

@@ -6,8 +6,9 @@
 
 from . import plots
 from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
-from .analysis import Analysis, analyze, classify_heads, tokenize_texts
-from .geometry import GeometryResult, analyze_separability
+from .analysis import Analysis, analyze, analyze_separability, classify_heads, tokenize_texts
+from .config import RunConfig
+from .geometry import GeometryResult
 from .interventions import (
     ABLATION_MODES,
     IMPORTANCE_METHODS,
@@ -45,6 +46,7 @@ __all__ = [
     "single_head_scan",
     "topn_deletion",
     "Analysis",
+    "RunConfig",
     "analyze",
     "classify_heads",
     "tokenize_texts",

@@ -15,19 +15,21 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from .adapters import describe_model, stream_layers
+from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import gather_analysis, shard_indices, world
 from .geometry import GeometryResult, SeparabilityAccumulator
 from .io import load_tensors, save_tensors
+from .layer_measures import measure_layer
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
-__all__ = ["Analysis", "analyze", "classify_heads", "tokenize_texts"]
+__all__ = ["Analysis", "analyze", "analyze_separability", "classify_heads", "tokenize_texts"]
 
 
 @dataclass
@@ -177,15 +179,15 @@ def _as_tokens(model, tokens_or_texts, attention_mask):
 def analyze(
     model: Any,
     tokens_or_texts: Tensor | Sequence[str] | str,
-    n: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    n: Sequence[int] | int = (1, 2, 4, 8, 16, 32),
     *,
     attention_mask: Int[Tensor, "seq pos"] | None = None,
-    queries: str = "last",
-    taxonomy_queries: str = "all",
-    distance: str = "euclidean",
-    ranking: str = "attention",
+    queries: Queries = "last",
+    taxonomy_queries: Queries = "all",
+    distance: Distance = "euclidean",
+    ranking: Ranking = "attention",
     exclude_sink: bool = False,
-    repeats: int = 16,
+    repeats: int | Literal["auto"] = "auto",
     seed: int = 0,
     batch_size: int = 8,
     window_ids: Int[Tensor, " seq"] | None = None,
@@ -194,15 +196,19 @@ def analyze(
     checkpoint: str | Path | None = None,
     distributed: bool | None = None,
     progress: bool = True,
+    config: RunConfig | None = None,
 ) -> Analysis:
-    """Stream ``model`` once over the windows and measure everything (SPEC §1-7).
+    """Stream ``model`` once over the windows and measure everything (docs/metrics.md).
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
         tokens_or_texts: ``[seq, pos]`` token ids (BOS first) or texts (BOS is prepended).
-        n, queries, distance, ranking, exclude_sink, repeats, seed, batch_size, window_ids, bootstrap, sink:
-            as in :func:`tl_geometry.analyze_separability`.
-        taxonomy_queries: queries that vote for the taxonomy (default every query, SPEC §7).
+        n, queries, taxonomy_queries, distance, ranking, exclude_sink, repeats, seed, bootstrap, sink:
+            the run's :class:`~tl_geometry.config.RunConfig` (its docstring says what each means;
+            ``repeats="auto"``: 16 random rankings per query for the last query, one per query
+            for all queries of 256-token windows). Or pass ``config`` itself.
+        batch_size: windows per forward pass.
+        window_ids: global window index of each row (default ``0..seq-1``); shards pass theirs.
         checkpoint: a file updated after every batch; if it exists (same settings and windows) the
             run resumes after its last batch, with results identical to an uninterrupted run.
         distributed: shard the windows over the ranks of the initialised ``torch.distributed``
@@ -214,11 +220,14 @@ def analyze(
         :class:`Analysis` with ``geometry`` (``[seq, layer, head, n]`` per-sequence values) and
         ``taxonomy`` (labels ``[layer, head]``).
     """
+    if config is None:
+        config = RunConfig(n=n, queries=queries, taxonomy_queries=taxonomy_queries, distance=distance,
+                           ranking=ranking, exclude_sink=exclude_sink, repeats=repeats, seed=seed,
+                           bootstrap=bootstrap, sink=sink)
     tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
         raise ValueError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
     info = describe_model(model)
-    ns = tuple(int(x) for x in (n if isinstance(n, Sequence) else [n]))
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
     rank, world_size = world()
     if distributed is not False and world_size > 1:  # this rank's shard; merged at the end
@@ -230,21 +239,20 @@ def analyze(
             checkpoint = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.rank{rank}{Path(checkpoint).suffix}")
     else:
         world_size, all_windows = 1, int(tokens.shape[0])
-    options = {"queries": queries, "distance": distance, "ranking": ranking, "exclude_sink": exclude_sink}
-    geometry = SeparabilityAccumulator(info.n_layers, info.n_heads, ns, repeats=repeats, seed=seed, options=options,
-                                       sink=sink)
-    taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=taxonomy_queries)
+    geometry = SeparabilityAccumulator(info.n_layers, info.n_heads, config)
+    taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=config.taxonomy_queries)
 
     def on_layer(layer, att):
-        geometry.add_layer(att)
-        taxonomy.add_layer(att)
+        measures = measure_layer(att, config, geometry.random_scores(att))
+        geometry.add(layer, measures, att.heads_per_kv)
+        taxonomy.add_votes(layer, measures.votes, measures.offsets)
 
     def on_batch(rows: slice) -> None:
         geometry.start_batch(window_ids[rows], tokens.shape[1])
 
     settings = {
-        **options, "n": list(ns), "repeats": repeats, "seed": seed, "bootstrap": bootstrap,
-        "taxonomy_queries": taxonomy_queries, "model": info.model_name, "model_class": info.model_class,
+        **config.to_dict(), "random_repeats": config.random_repeats(int(tokens.shape[1])),
+        "model": info.model_name, "model_class": info.model_class,
         "transformer_lens": info.transformer_lens_version, "processing": info.processing,
         "n_windows": all_windows, "seq_len": int(tokens.shape[1]),
     }
@@ -253,7 +261,7 @@ def analyze(
         digest = hashlib.sha256(tokens.cpu().numpy().tobytes())
         if attention_mask is not None:
             digest.update(attention_mask.cpu().numpy().tobytes())
-        state = Checkpoint(checkpoint, {**settings, "sink": sink, "batch_size": batch_size, "tokens": digest.hexdigest(),
+        state = Checkpoint(checkpoint, {**settings, "batch_size": batch_size, "tokens": digest.hexdigest(),
                                         "window_ids": window_ids.tolist()})
         done = state.restore(geometry, taxonomy)
         if done % batch_size and done < tokens.shape[0]:
@@ -266,6 +274,25 @@ def analyze(
                     first=done)
     result = Analysis(geometry.result(settings, allow_empty=world_size > 1), taxonomy.result(settings))
     return gather_analysis(result) if world_size > 1 else result
+
+
+def analyze_separability(
+    model: Any,
+    tokens: Int[Tensor, "seq pos"],
+    n: Sequence[int] | int = (1, 2, 4, 8, 16, 32),
+    **options: Any,
+) -> GeometryResult:
+    """:func:`analyze` without the taxonomy's result: the :class:`GeometryResult` of the run
+    (per-sequence means ``[seq, n_layers, n_heads, len(n)]``). ``options`` are those of :func:`analyze`.
+
+    Example:
+        >>> res = analyze_separability(model, tokens, n=(1, 2, 4, 8))   # doctest: +SKIP
+        >>> res.mean("gap").shape                                        # doctest: +SKIP
+        torch.Size([30, 9, 4])
+    """
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(getattr(tokens, 'shape', ()))}.")
+    return analyze(model, tokens, n, **options).geometry
 
 
 def classify_heads(

@@ -6,7 +6,7 @@ results from shards merge into exactly the result of one run, and bootstrap inte
 sequences are recomputed from them.
 
 Example:
-    >>> res = analyze_separability(model, tokens, n=(1, 2, 4, 8))   # doctest: +SKIP
+    >>> res = tlg.analyze_separability(model, tokens, n=(1, 2, 4, 8))   # doctest: +SKIP
     >>> res.mean("gap").shape                                        # doctest: +SKIP
     torch.Size([30, 9, 4])
     >>> res.to_dataframe().head()                                    # doctest: +SKIP
@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapters import LayerAttention
+from .config import RunConfig
 from .io import load_tensors, save_tensors
-from .metrics import inversion_bounds, separability, separability_over_rankings
-from .regime import fit_regime, sink_aware_bounds
-from .sink import f_by_sink, sink_geometry
+from .layer_measures import LayerMeasures
 
-__all__ = ["GeometryResult", "analyze_separability", "window_generator", "sequence_means", "bootstrap_ci"]
+__all__ = ["GeometryResult", "window_generator", "sequence_means", "bootstrap_ci"]
 
 METRICS = ("precision", "recall", "f")
 SOURCES = ("top", "random")
@@ -205,10 +203,9 @@ class GeometryResult:
 class SeparabilityAccumulator:
     """Collects per-sequence means layer by layer during a streamed forward."""
 
-    def __init__(self, n_layers: int, n_heads: int, ns: tuple[int, ...], *, repeats: int, seed: int,
-                 options: dict[str, Any], sink: bool = True):
-        self.n_layers, self.n_heads, self.ns = n_layers, n_heads, ns
-        self.repeats, self.seed, self.options, self.sink = repeats, seed, options, sink
+    def __init__(self, n_layers: int, n_heads: int, config: RunConfig):
+        self.n_layers, self.n_heads, self.config = n_layers, n_heads, config
+        self.ns = config.n
         self.batches: list[dict[str, Tensor]] = []
         self.window_ids: list[Tensor] = []
 
@@ -217,84 +214,49 @@ class SeparabilityAccumulator:
         self.window_ids.append(window_ids)
         shape = (batch, self.n_layers, self.n_heads)
         store = {f"{m}_{s}": torch.full((*shape, len(self.ns)), torch.nan) for s in SOURCES for m in METRICS}
-        if self.sink:
+        if self.config.sink:
             store.update({name: torch.full(shape, torch.nan) for name in SINK_HEAD_METRICS})
             store.update({name: torch.full((*shape, len(self.ns)), torch.nan) for name in SINK_N_METRICS})
             store["cosine_by_lag"] = torch.full((*shape, seq_len), torch.nan)
         self.batches.append(store)
 
-    def random_scores(self, att: LayerAttention, n_queries: int) -> Tensor:
-        """[repeat, batch, head, q, key] uniform scores, one generator per (window, layer).
+    def random_scores(self, att: LayerAttention) -> Tensor | None:
+        """[repeat, batch, head, q, key] uniform scores, one generator per (window, layer); None
+        without a random baseline.
 
         Each sequence draws only over its real keys (and, for ``queries="all"``, its real query
         rows), so its baseline does not depend on how much padding its batch needed.
         """
-        batch, heads, _, n_k = att.pattern.shape
-        scores = torch.zeros(self.repeats, batch, heads, n_queries, n_k)
+        batch, heads, n_q, n_k = att.pattern.shape
+        repeats = self.config.random_repeats(n_k)
+        if repeats == 0:
+            return None
+        all_rows = self.config.queries == "all"
+        n_queries = n_q if all_rows else 1
+        scores = torch.zeros(repeats, batch, heads, n_queries, n_k)
         lengths = att.key_mask.sum(1).tolist()
-        all_rows = self.options.get("queries") == "all"
         for b, (window, length) in enumerate(zip(self.window_ids[-1].tolist(), lengths, strict=True)):
             rows = length if all_rows else n_queries
-            gen = window_generator(self.seed, int(window), att.layer)
-            scores[:, b, :, :rows, :length] = torch.rand(self.repeats, heads, rows, length, generator=gen)
+            gen = window_generator(self.config.seed, int(window), att.layer)
+            scores[:, b, :, :rows, :length] = torch.rand(repeats, heads, rows, length, generator=gen)
         return scores.to(att.pattern.device)
 
-    def add_layer(self, att: LayerAttention) -> None:
-        opts = dict(self.options, key_mask=att.key_mask, query_mask=att.query_mask)
-        top = separability(att.pattern, att.kv_values, self.ns, **opts)
+    def add(self, layer: int, measures: LayerMeasures, heads_per_kv: int) -> None:
+        """Per-sequence means of one layer's measures (per-kv values go to each query head reading them)."""
         store = self.batches[-1]
-        for metric in METRICS:
-            store[f"{metric}_top"][:, att.layer] = sequence_means(getattr(top, metric)).float().cpu()
-        if self.repeats:
-            scores = self.random_scores(att, top.query_positions.shape[1])
-            random_opts = {k: v for k, v in opts.items() if k != "ranking"}
-            random = separability_over_rankings(att.pattern, att.kv_values, self.ns, scores, **random_opts).mean
-            for metric in METRICS:
-                store[f"{metric}_random"][:, att.layer] = sequence_means(getattr(random, metric)).float().cpu()
-        if self.sink:
-            self.add_sink(att, top, opts)
-
-    def add_sink(self, att: LayerAttention, top, opts: dict[str, Any]) -> None:
-        """Sink diagnostics, regime fit and certificates of one layer (SPEC §5-6)."""
-        store, layer = self.batches[-1], att.layer
-        masks = {"key_mask": att.key_mask, "query_mask": att.query_mask}
-        ranking, queries = self.options["ranking"], self.options["queries"]
 
         def put(name: str, value: Tensor) -> None:
             store[name][:, layer] = value.float().cpu()
 
-        # The sink and regime statistics of values are per kv head: compute them once per kv head
-        # (not once per query head reading it), then give each query head its kv head's value.
-        kv_values = att.kv_values
-
-        def put_per_head(name: str, value: Tensor) -> None:
-            put(name, value.repeat_interleave(att.heads_per_kv, 1))
-
-        geometry = sink_geometry(att.pattern, kv_values, self.ns, ranking=ranking, queries=queries, **masks)
-        for name in ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine", "cosine_by_lag"):
-            put_per_head(name, getattr(geometry, name))
-        put("sink_mass", geometry.sink_mass.nanmean(-1))
-        put("sink_rank", geometry.sink_rank.nanmean(-1))
-        put("align_sink", sequence_means(geometry.align_sink))
-        put("align_current", sequence_means(geometry.align_current))
-        fit = fit_regime(kv_values, key_mask=att.key_mask)
-        for name in ("c", "c_spread", "c0", "coherence_max", "coherence_mean", "sink_alignment", "sign_consistency"):
-            put_per_head(name, getattr(fit, name))
-        put_per_head("regime_holds", fit.holds())
-        with_sink, without_sink = f_by_sink(top)
-        put("f_sink_selected", sequence_means(with_sink))
-        put("f_sink_unselected", sequence_means(without_sink))
-        put("sink_selected", sequence_means(torch.where(top.defined, top.sink_selected.to(top.f.dtype), torch.nan)))
-        put("f_nosink", sequence_means(separability(att.pattern, kv_values, self.ns, **dict(opts, exclude_sink=True)).f))
-        precision_cert, recall_cert = inversion_bounds(top)
-        put("precision_certificate", sequence_means(precision_cert))
-        put("recall_certificate", sequence_means(recall_cert))
-        if self.options["distance"] == "euclidean":  # the sink-aware bounds are Euclidean
-            # the same candidate sources as the measured P and R beside it
-            bounds = sink_aware_bounds(att.pattern, kv_values, self.ns, ranking=ranking, queries=queries,
-                                       exclude_sink=self.options["exclude_sink"], **masks)
-            put("precision_bound", sequence_means(bounds.precision))
-            put("recall_bound", sequence_means(bounds.recall))
+        for name, value in measures.per_query.items():
+            if name in store:  # margins and inversion counts stay per query (certificates use them)
+                put(name, sequence_means(value))
+        for name, value in measures.per_row.items():
+            put(name, value.nanmean(-1))
+        for name, value in measures.per_kv.items():
+            put(name, value.repeat_interleave(heads_per_kv, 1))
+        if measures.cosine_by_lag is not None:
+            put("cosine_by_lag", measures.cosine_by_lag.repeat_interleave(heads_per_kv, 1))
 
     def result(self, settings: dict[str, Any], allow_empty: bool = False) -> GeometryResult:
         if not self.batches:
@@ -305,47 +267,3 @@ class SeparabilityAccumulator:
         ids = torch.cat(self.window_ids)
         order = torch.argsort(ids, stable=True)
         return GeometryResult(self.ns, {k: v[order] for k, v in per_sequence.items()}, ids[order], settings)
-
-
-def analyze_separability(
-    model: Any,
-    tokens: Int[Tensor, "seq pos"],
-    n: Sequence[int] = (1, 2, 4, 8, 16, 32),
-    *,
-    attention_mask: Int[Tensor, "seq pos"] | None = None,
-    queries: str = "last",
-    distance: str = "euclidean",
-    ranking: str = "attention",
-    exclude_sink: bool = False,
-    repeats: int = 16,
-    seed: int = 0,
-    batch_size: int = 8,
-    window_ids: Int[Tensor, " seq"] | None = None,
-    bootstrap: int = 2000,
-    sink: bool = True,
-    progress: bool = True,
-) -> GeometryResult:
-    """Stream ``model`` over ``tokens`` and measure top-N vs random separability per layer/head.
-
-    Args:
-        model: ``HookedTransformer`` or ``TransformerBridge``.
-        tokens: ``[seq, pos]`` windows (BOS first).
-        n: N values. queries / distance / ranking / exclude_sink: as in :func:`separability`.
-        repeats: random rankings per query (0 skips the baseline).
-        seed: run seed; random rankings are seeded per (seed, window id, layer).
-        batch_size: windows per forward pass.
-        window_ids: global window index of each row (default ``0..seq-1``); shards pass theirs.
-        bootstrap: replicates for :meth:`GeometryResult.ci`.
-        sink: also measure the sink diagnostics, the regime fit and the certificates (SPEC §5-6).
-        progress: show a tqdm bar per window batch.
-
-    Returns:
-        :class:`GeometryResult` with per-sequence means ``[seq, n_layers, n_heads, len(n)]``.
-    """
-    from .analysis import analyze
-
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise ValueError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(getattr(tokens, 'shape', ()))}.")
-    return analyze(model, tokens, n, attention_mask=attention_mask, queries=queries, distance=distance,
-                   ranking=ranking, exclude_sink=exclude_sink, repeats=repeats, seed=seed, batch_size=batch_size, window_ids=window_ids,
-                   bootstrap=bootstrap, sink=sink, progress=progress).geometry

@@ -33,7 +33,11 @@ from torch import Tensor
 from .metrics import _as_n_tuple, _check_inputs, _precision_from_outside, query_rows, top_order
 from .sink import value_norms_and_sink_cosines
 
-__all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "rounding_slack_scale"]
+__all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "rounding_slack_scale",
+           "ValueStatistics", "value_statistics", "fit_from_statistics", "envelope_from_statistics", "gram_bounds"]
+
+# The keys of gram_bounds, in the order the fused kernel reads them.
+GRAM_BOUND_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq")
 
 NORM_TOLERANCE = 0.1  # relative spread (std / mean) of non-sink norms accepted as "constant"
 SIGN_TOLERANCE = 0.9  # share of non-sink sources whose sink cosine has the majority sign
@@ -88,6 +92,27 @@ def _nonsink_cosines(values: Tensor, nonsink: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(pairs, cos, 0.0), pairs
 
 
+@dataclass
+class ValueStatistics:
+    """Per-key statistics of one layer's values that the fit, the envelope and the sink
+    diagnostics share (computed once): ``norms`` and ``cosines`` (cos(v_0, v_j)) ``[batch, kv, key]``,
+    ``nonsink`` ``[batch, key]`` (real keys j > 0), ``abs_cos`` ``[batch, kv, key, key]`` (|cos| of
+    non-sink pairs, 0 elsewhere) and their mask ``pairs``."""
+
+    norms: Float[Tensor, "batch kv key"]
+    cosines: Float[Tensor, "batch kv key"]
+    nonsink: Bool[Tensor, "batch key"]
+    abs_cos: Float[Tensor, "batch kv key key"]
+    pairs: Bool[Tensor, "batch 1 key key"]
+
+
+def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Tensor, "batch key"]) -> ValueStatistics:
+    """:class:`ValueStatistics` of ``[batch, kv, key, d]`` values (float32 or wider)."""
+    norms, cosines, nonsink = value_norms_and_sink_cosines(values, key_mask)
+    abs_cos, pairs = _nonsink_cosines(values, nonsink)
+    return ValueStatistics(norms, cosines, nonsink, abs_cos, pairs)
+
+
 def fit_regime(
     v: Float[Tensor, "batch key kv_head d_head"], *, key_mask: Bool[Tensor, "batch key"] | None = None
 ) -> RegimeFit:
@@ -105,12 +130,17 @@ def fit_regime(
     batch, n_k = v.shape[:2]
     values = v.to(torch.promote_types(v.dtype, torch.float32)).permute(0, 2, 1, 3)
     key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=v.device) if key_mask is None else key_mask.bool()
-    norms, cosines, nonsink = value_norms_and_sink_cosines(values, key_mask)
-    nan = torch.tensor(torch.nan, dtype=values.dtype, device=v.device)
+    return fit_from_statistics(value_statistics(values, key_mask))
+
+
+def fit_from_statistics(stats: ValueStatistics) -> RegimeFit:
+    """:func:`fit_regime` from precomputed :class:`ValueStatistics`."""
+    norms, cosines, nonsink = stats.norms, stats.cosines, stats.nonsink
+    nan = torch.tensor(torch.nan, dtype=norms.dtype, device=norms.device)
     mask = nonsink[:, None, :]
     c = torch.where(mask, norms, nan).nanmean(-1)
     spread = (torch.where(mask, (norms - c[..., None]) ** 2, nan).nanmean(-1)).sqrt() / c
-    abs_cos, pairs = _nonsink_cosines(values, nonsink)
+    abs_cos, pairs = stats.abs_cos, stats.pairs
     n_pairs = pairs.sum((-1, -2))
     align = torch.where(mask, cosines, nan)
     positive = (align > 0).sum(-1) / mask.sum(-1)
@@ -136,13 +166,15 @@ def regime_envelope(
     ``beta_lo, beta_hi`` (range of cos(v_0, v_j)) and ``c0``, each ``[batch, kv, t]``. A prefix
     without non-sink sources (or pairs) has empty ranges (±inf) and ``mu = 0``.
     """
-    norms, _, nonsink = value_norms_and_sink_cosines(values, key_mask)
-    unit = _unit(values)
-    cosines = (unit * unit[:, :, :1]).sum(-1)
+    return envelope_from_statistics(value_statistics(values, key_mask))
+
+
+def envelope_from_statistics(stats: ValueStatistics) -> dict[str, Float[Tensor, "batch kv key"]]:
+    """:func:`regime_envelope` from precomputed :class:`ValueStatistics`."""
+    norms, cosines, nonsink = stats.norms, stats.cosines, stats.nonsink
     mask = nonsink[:, None, :]
-    abs_cos, _ = _nonsink_cosines(values, nonsink)
     # |cos| of pair (i, j) counts from prefix max(i, j) on: row max over i < j, then a running max.
-    newest = abs_cos.tril(-1).amax(-1)
+    newest = stats.abs_cos.tril(-1).amax(-1)
     return {
         "c_lo": torch.where(mask, norms, torch.inf).cummin(-1).values,
         "c_hi": torch.where(mask, norms, -torch.inf).cummax(-1).values,
@@ -163,7 +195,7 @@ class SinkAwareBounds:
     query_positions: Int[Tensor, "batch q"]
 
 
-def _gram_bounds(env: dict[str, Tensor]) -> dict[str, Tensor]:
+def gram_bounds(env: dict[str, Tensor]) -> dict[str, Tensor]:
     """Bounds on the Gram entries ``⟨v_k, v_l⟩`` by pair type (theory.md, Lemma 1)."""
     c_lo, c_hi, mu, c0 = env["c_lo"], env["c_hi"], env["mu"], env["c0"]
     beta_lo, beta_hi = env["beta_lo"], env["beta_hi"]
@@ -222,7 +254,7 @@ def sink_aware_bounds(
     batch, heads, n_sel, n_k = rows.alpha.shape
     env = regime_envelope(rows.values, rows.key_mask)
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
-    g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in _gram_bounds(env).items()}  # [b, h, q, 1]
+    g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in gram_bounds(env).items()}  # [b, h, q, 1]
 
     candidates = rows.candidates(exclude_sink)[:, None]  # [b, 1, q, key]
     alpha = rows.alpha.clone() if exclude_sink else rows.alpha

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .metrics import _COS_EPS, Separability, _as_n_tuple, query_rows, top_order
 
-__all__ = ["SinkGeometry", "sink_geometry", "f_by_sink", "value_norms_and_sink_cosines"]
+__all__ = ["SinkGeometry", "sink_geometry", "f_by_sink", "value_norms_and_sink_cosines", "value_sink_statistics"]
 
 
 @dataclass
@@ -81,6 +81,19 @@ def value_norms_and_sink_cosines(
     return norms, cosines, nonsink
 
 
+def value_sink_statistics(
+    norms: Float[Tensor, "batch kv key"], cosines: Float[Tensor, "batch kv key"], nonsink: Bool[Tensor, "batch key"]
+) -> dict[str, Tensor]:
+    """The per-kv-head fields of :class:`SinkGeometry` from the norms and sink cosines of the values."""
+    nan = torch.tensor(torch.nan, dtype=norms.dtype, device=norms.device)
+    nonsink_kv = nonsink[:, None, :]
+    mean_norm = torch.where(nonsink_kv, norms, nan).nanmean(-1)
+    sink_norm = norms[..., 0]
+    cosine_by_lag = torch.where(nonsink_kv, cosines, nan)
+    return {"sink_norm": sink_norm, "mean_norm": mean_norm, "norm_ratio": mean_norm / sink_norm,
+            "sink_cosine": cosine_by_lag.nanmean(-1), "cosine_by_lag": cosine_by_lag}
+
+
 def sink_geometry(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
@@ -88,6 +101,7 @@ def sink_geometry(
     *,
     ranking: str | Tensor = "attention",
     queries: str | Tensor = "all",
+    exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
 ) -> SinkGeometry:
@@ -98,6 +112,8 @@ def sink_geometry(
         n: N values for the alignments of the top-N aggregate ``s_N``.
         ranking: ``"attention"``, ``"contribution"`` or scores shaped like the chosen rows.
         queries, key_mask, query_mask: as in :func:`tl_geometry.separability`.
+        exclude_sink: the alignments' ``s_N`` aggregates the top-N of sources ``1..t`` (as
+            ``separability(..., exclude_sink=True)`` selects); the sink's mass and rank are unchanged.
     """
     ns = _as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
@@ -105,11 +121,7 @@ def sink_geometry(
     nan = torch.tensor(torch.nan, dtype=rows.alpha.dtype, device=rows.alpha.device)
     key_mask = rows.key_mask
 
-    norms, cosines, nonsink = value_norms_and_sink_cosines(rows.values, key_mask)
-    nonsink_kv = nonsink[:, None, :]
-    mean_norm = torch.where(nonsink_kv, norms, nan).nanmean(-1)
-    sink_norm = norms[..., 0]
-    cosine_by_lag = torch.where(nonsink_kv, cosines, nan)
+    norm_stats = value_sink_statistics(*value_norms_and_sink_cosines(rows.values, key_mask))
 
     valid = rows.valid[:, None, :]  # [batch, 1, q]
     score = rows.selection_scores(ranking)
@@ -117,23 +129,24 @@ def sink_geometry(
     ahead = ((score > score[..., :1]) & rows.visible[:, None]).sum(-1, dtype=torch.int32)
     sink_rank = torch.where(valid, ahead.to(rows.alpha.dtype), nan)
 
-    n_visible = rows.visible.sum(-1)[:, None, :]  # [batch, 1, q]
-    order = top_order(score, min(max(ns), n_k))
+    n_candidates = rows.candidates(exclude_sink).sum(-1)[:, None, :]  # [batch, 1, q]
+    distinct = tuple(sorted(set(ns)))  # nested sets grow over increasing N
+    order = top_order(rows.selection_scores(ranking, exclude_sink), min(distinct[-1], n_k))
     weights = torch.zeros_like(rows.alpha)
     v_heads = rows.per_head(rows.values)  # [batch, head, key, d]
     v_current = v_heads.gather(2, rows.qpos[:, None, :, None].expand(batch, heads, n_sel, v_heads.shape[-1]))
-    align_sink, align_current = [], []
-    for n_value in ns:
+    align_sink, align_current = {}, {}
+    for n_value in distinct:
         top = order[..., :n_value]
         weights.scatter_(-1, top, rows.alpha.gather(-1, top))
         agg = weights @ v_heads  # s_N [batch, head, q, d]
-        defined = valid & (n_visible > n_value)
-        align_sink.append(torch.where(defined, _cosine(agg, v_heads[:, :, :1]), nan))
-        align_current.append(torch.where(defined, _cosine(agg, v_current), nan))
+        defined = valid & (n_candidates > n_value)
+        align_sink[n_value] = torch.where(defined, _cosine(agg, v_heads[:, :, :1]), nan)
+        align_current[n_value] = torch.where(defined, _cosine(agg, v_current), nan)
     return SinkGeometry(
-        n=ns, sink_norm=sink_norm, mean_norm=mean_norm, norm_ratio=mean_norm / sink_norm,
-        sink_cosine=cosine_by_lag.nanmean(-1), cosine_by_lag=cosine_by_lag, sink_mass=sink_mass,
-        sink_rank=sink_rank, align_sink=torch.stack(align_sink, -1), align_current=torch.stack(align_current, -1),
+        n=ns, **norm_stats, sink_mass=sink_mass, sink_rank=sink_rank,
+        align_sink=torch.stack([align_sink[x] for x in ns], -1),
+        align_current=torch.stack([align_current[x] for x in ns], -1),
         query_positions=rows.qpos,
     )
 

@@ -217,5 +217,10 @@ class TaxonomyAccumulator:
         self.votes[att.layer] += votes_from_winners(winners, qpos).sum(0).cpu()
         self.offsets[att.layer] += offset_counts(winners, qpos, self.offsets.shape[-1]).sum(0).cpu()
 
+    def add_votes(self, layer: int, votes: Int[Tensor, "batch head 3"], offsets: Int[Tensor, "batch head key"]) -> None:
+        """Votes and offset counts of one layer measured elsewhere (e.g. the fused layer pass)."""
+        self.votes[layer] += votes.sum(0).cpu()
+        self.offsets[layer] += offsets.sum(0).cpu()
+
     def result(self, settings: dict[str, Any]) -> HeadTaxonomy:
         return HeadTaxonomy(self.votes.clone(), self.offsets.clone(), dict(settings))

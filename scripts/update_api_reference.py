@@ -1,0 +1,51 @@
+"""Refresh the signature and summary line of every ``### `name``` entry of docs/api.md from the code.
+
+    .venv/bin/python scripts/update_api_reference.py
+
+Sections, their order and any text after an entry's summary line stay as written; a public name
+without an entry is listed so that it can be placed by hand (the tests check every name is there).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import tl_geometry
+
+API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+ENTRY = re.compile(r"### `(?P<name>[A-Za-z_]+)`\n\n```text\n(?P<signature>.*?)\n```\n\n(?P<summary>[^\n]*)\n")
+
+
+def describe(name: str) -> tuple[str, str] | None:
+    obj = getattr(tl_geometry, name, None)
+    if obj is None or not callable(obj):
+        return None
+    try:
+        signature = f"{'class ' if inspect.isclass(obj) else ''}{name}{inspect.signature(obj)}"
+    except (TypeError, ValueError):
+        return None
+    summary = (inspect.getdoc(obj) or "").split("\n\n")[0].replace("\n", " ")
+    return signature, summary
+
+
+def main() -> None:
+    text = API.read_text(encoding="utf-8")
+
+    def refresh(match: re.Match) -> str:
+        found = describe(match["name"])
+        if found is None:
+            return match[0]
+        signature, summary = found
+        return f"### `{match['name']}`\n\n```text\n{signature}\n```\n\n{summary}\n"
+
+    text = ENTRY.sub(refresh, text)
+    API.write_text(text, encoding="utf-8")
+    missing = [name for name in tl_geometry.__all__ if f"### `{name}`" not in text]
+    if missing:
+        print("no entry yet for:", ", ".join(missing))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""Fused CPU kernel of the whole per-layer analysis (numba): one pass over the attention rows.
+
+``tl_geometry.analyze`` needs, per layer, the row checks and taxonomy votes of every query, and
+for the chosen queries the top-N metrics, the same with the sink excluded, the random baseline,
+the sink statistics, the alignments of ``s_N`` and the sink-aware certificates. Done as
+separate torch passes each re-gathers, re-validates and re-ranks the same rows; here one task
+per (sequence, head) walks its rows once and computes all of it from the same working arrays:
+
+- every row: sum / negative entries / visible mass (the distribution checks) and the winner
+  ``argmax α_j‖v_j‖`` (in the pattern's dtype, ties to the lower position), tallied as votes;
+- every chosen row, for each *variant* (top-N of the ranking; sink excluded; each random
+  ranking): the best-``max N`` sources by one insertion pass, then per N the new sources' Gram
+  rows (or direct products) update ``⟨v_k, s_N⟩``; distances, radii and counts as in
+  ``separability_kernel`` (same arithmetic, float64);
+- the top-N variant also gives ``cos(s_N, v_0)``, ``cos(s_N, v_t)`` (from ``⟨v_0, s_N⟩`` and
+  ``⟨v_t, s_N⟩``, already computed), the sink's mass and rank, and the Theorem 1 certificates
+  from the regime's Gram bounds at ``t`` (docs/theory.md; slack of Lemma 3).
+
+Equivalence with the separate functions (``separability``, ``sink_geometry``,
+``sink_aware_bounds``, ``winner_sources``) is tested in ``tests/test_layer_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from .separability_kernel import _count_at_most, _distance, _dot, _insert_top, _row_sum_and_negatives
+
+_COS_EPS = 1e-12
+# Variant kinds: the ranking's top-N (all outputs), the same with key 0 excluded (F only), random.
+TOP, NOSINK, RANDOM = 0, 1, 2
+
+
+@numba.njit(cache=True, nogil=True)
+def _select(rows, scores, b, h, qi, t, kv, key_mask, value_sq, ranking_mode, exclude_sink, max_n,
+            alpha, excluded, top_idx, top_score):
+    """Weights, candidate flags (``excluded``: 0 candidate, +inf otherwise) and the best-``max_n``
+    candidates of one row; returns (number of candidates, number selected)."""
+    n_cand = 0
+    filled = 0
+    m = min(max_n, t + 1)
+    for k in range(t, -1, -1):
+        a = float(rows[b, h, t, k])
+        candidate = key_mask[b, k] and not (exclude_sink and k == 0)
+        alpha[k] = a if candidate else 0.0
+        excluded[k] = 0.0 if candidate else math.inf
+        if not candidate:
+            continue
+        n_cand += 1
+        if ranking_mode == 0:
+            score = a
+        elif ranking_mode == 1:
+            score = a * math.sqrt(value_sq[b, kv, k])
+        else:  # -inf is still a candidate: above every non-candidate
+            score = max(float(scores[b, h, qi, k]), -1.7976931348623157e308)
+        filled = _insert_top(top_idx, top_score, filled, m, k, score)
+    return n_cand, filled
+
+
+@numba.njit(cache=True, nogil=True)
+def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, full,
+             alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+             out_p, out_r, out_f, out_margin, out_inv, out_sink,
+             want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r):
+    """All N of one selection. ``full``: margin, inversions, sink flag and (when asked) the
+    alignments and certificates; otherwise P, R, F only. Outputs indexed ``[j]`` per N."""
+    d = values.shape[3]
+    for k in range(t + 1):
+        proj[k] = 0.0
+        a = alpha[k]
+        y_size[k] = a * a * value_sq[b, kv, k] if euclidean else a * math.sqrt(value_sq[b, kv, k])
+    agg[:] = 0.0
+    n_prev = 0
+    sink_rank = ns[ns.shape[0] - 1]
+    for rank in range(min(sink_rank, n_cand)):
+        if top_idx[rank] == 0:
+            sink_rank = rank
+    diag_lo = diag_hi = pair_hi = pair_lo = sink_hi = sink_lo = sink_sq = slack = 0.0
+    if want_bounds:  # the regime's Gram bounds at this query (Lemma 1), shared by every N
+        diag_lo, diag_hi = g[0, b, kv, t], g[1, b, kv, t]
+        pair_hi, pair_lo = g[2, b, kv, t], g[3, b, kv, t]
+        sink_hi, sink_lo, sink_sq = g[4, b, kv, t], g[5, b, kv, t], g[6, b, kv, t]
+        slack = slack_scale * max(diag_hi, sink_sq)
+    for j in range(ns.shape[0]):
+        n = ns[j]
+        if n >= n_cand:  # no unselected candidate: undefined from here on
+            break
+        for rank in range(n_prev, n):
+            i = top_idx[rank]
+            excluded[i] = math.inf
+            a = alpha[i]
+            if use_gram:
+                for k in range(t + 1):
+                    proj[k] += a * gram[b, kv, i, k]
+            else:
+                for e in range(d):
+                    agg[e] += a * values[b, kv, i, e]
+        n_prev = n
+        agg_sq = 0.0
+        if use_gram:
+            for rank in range(n):
+                agg_sq += alpha[top_idx[rank]] * proj[top_idx[rank]]
+        else:
+            for e in range(d):
+                agg_sq += agg[e] * agg[e]
+            for k in range(t + 1):
+                proj[k] = _dot(values[b, kv, k], agg)
+        agg_norm = math.sqrt(max(agg_sq, 0.0))
+        rho_min = math.inf
+        for k in range(t + 1):
+            value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
+            dist[k] = value
+            rho_min = min(rho_min, value)
+        rho_max = -math.inf
+        inside = 0
+        ginv = 0
+        for rank in range(n):
+            i = top_idx[rank]
+            value = _distance(euclidean, y_size[i], alpha[i], proj[i], agg_sq, agg_norm)
+            if euclidean and n == 1:  # the selected point is the aggregate: D = 0 exactly
+                value = -agg_sq
+            rho_max = max(rho_max, value)
+            inside += 1 if value < rho_min else 0
+            if full:
+                ginv += _count_at_most(dist, t + 1, value)
+        outside = _count_at_most(dist, t + 1, rho_max)
+        p = n / (n + outside)
+        rc = inside / n
+        out_p[j] = p
+        out_r[j] = rc
+        out_f[j] = 2 * p * rc / (p + rc) if rc > 0 else 0.0
+        if not full:
+            continue
+        if euclidean:
+            out_margin[j] = math.sqrt(rho_min + agg_sq) - math.sqrt(max(rho_max + agg_sq, 0.0))
+        else:
+            out_margin[j] = rho_min - rho_max
+        out_inv[j] = ginv
+        out_sink[j] = sink_rank < n
+        if want_sink:
+            align_sink[j] = proj[0] / (agg_norm * math.sqrt(value_sq[b, kv, 0]) + _COS_EPS)
+            align_current[j] = proj[t] / (agg_norm * math.sqrt(value_sq[b, kv, t]) + _COS_EPS)
+        if want_bounds:
+            # Theorem 1 from the selected weights: W, Q of the non-sink ones and the sink's w_0.
+            w0 = 0.0
+            total = 0.0
+            sum_sq = 0.0
+            for rank in range(n):
+                i = top_idx[rank]
+                if i == 0:
+                    w0 = alpha[0]
+                else:
+                    total += alpha[i]
+                    sum_sq += alpha[i] * alpha[i]
+            u_max = -math.inf
+            for rank in range(n):  # U_i = Q⁺(w^S − α_i e_i)
+                i = top_idx[rank]
+                own = 0.0 if i == 0 else alpha[i]
+                s_w = 0.0 if i == 0 else w0
+                q_sq = sum_sq - own * own
+                q_tot = total - own
+                u = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
+                     + 2 * sink_hi * s_w * q_tot)
+                u_max = max(u_max, u)
+            s_sq_lo = max(diag_lo * sum_sq + pair_lo * (total * total - sum_sq) + sink_sq * w0 * w0
+                          + 2 * sink_lo * w0 * total, 0.0)
+            l_min = math.inf
+            outside_b = 0
+            for k in range(t + 1):  # L_j less the slack, for unselected candidates (excluded = 0)
+                if excluded[k] != 0.0:
+                    continue
+                a = alpha[k]
+                if k == 0:
+                    low = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total)
+                else:
+                    low = a * a * diag_lo + s_sq_lo - 2 * a * (pair_hi * total + sink_hi * w0)
+                spread = a + total + w0
+                low -= slack * spread * spread
+                l_min = min(l_min, low)
+                outside_b += 1 if low <= u_max else 0
+            inside_b = 0
+            for rank in range(n):
+                i = top_idx[rank]
+                own = 0.0 if i == 0 else alpha[i]
+                s_w = 0.0 if i == 0 else w0
+                q_sq = sum_sq - own * own
+                q_tot = total - own
+                u = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
+                     + 2 * sink_hi * s_w * q_tot)
+                inside_b += 1 if u < l_min else 0
+            bound_p[j] = n / (n + outside_b)
+            bound_r[j] = inside_b / n
+    # Unselected candidates keep excluded = 0 for the next variant's reset (done by _select).
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
+               values, value_sq, value_norm, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean, group,
+               random_scores, want_sink, want_bounds, g, slack_scale,
+               row_sum, negatives, visible_sum, votes, offsets,
+               precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
+               align_sink, align_current, bound_p, bound_r, f_nosink, random_sum):
+    """Fill every output for the rows of ``rows`` ``[batch, head, query, key]``.
+
+    last ``[batch]``: the last real query; ``geometry_all`` / ``taxonomy_all``: every query (else
+    only the last) is measured / votes. Geometry outputs are ``[batch, head, q, n]`` with
+    ``q = query`` (all) or 1 (last), pre-filled with NaN / False by the caller; ``random_sum``
+    ``[3, batch, head, q, n]`` sums P, R, F over the random rankings ``random_scores``
+    ``[repeat, batch, head, q, key]``. ``row_sum`` etc. ``[batch, head, query]`` (rows not
+    visited stay 0 and are not checked); ``votes`` ``[batch, head, 3]``, ``offsets``
+    ``[batch, head, key]`` are added to. ``g`` ``[7, batch, kv, key]``: the Gram bounds of the
+    regime at each query (diag_lo, diag_hi, pair_hi, pair_lo, sink_hi, sink_lo, sink_sq).
+    """
+    n_batch, n_heads, n_q, n_k = rows.shape
+    d = values.shape[3]
+    max_n = ns[ns.shape[0] - 1]
+    n_random = random_scores.shape[0]
+    for task in numba.prange(n_batch * n_heads):
+        b = task // n_heads
+        h = task % n_heads
+        kv = h // group
+        alpha = np.zeros(n_k)
+        excluded = np.zeros(n_k)
+        y_size = np.zeros(n_k)
+        proj = np.zeros(n_k)
+        dist = np.zeros(n_k)
+        agg = np.zeros(d)
+        top_idx = np.zeros(max_n, dtype=np.int64)
+        top_score = np.zeros(max_n)
+        nan_out = np.zeros(ns.shape[0])
+        nan_int = np.zeros(ns.shape[0])
+        nan_bool = np.zeros(ns.shape[0], dtype=np.bool_)
+        rand_p = np.zeros(ns.shape[0])
+        rand_r = np.zeros(ns.shape[0])
+        rand_f = np.zeros(ns.shape[0])
+        nosink_p = np.zeros(ns.shape[0])
+        nosink_r = np.zeros(ns.shape[0])
+        lo, hi = (0, n_q) if (geometry_all or taxonomy_all) else (last[b], last[b] + 1)
+        for t in range(lo, hi):
+            row_sum[b, h, t], negatives[b, h, t] = _row_sum_and_negatives(rows[b, h, t])
+            valid = query_mask[b, t]
+            # The winner source and the visible mass, in one sweep of the visible keys.
+            best = -1
+            best_score = -np.inf
+            mass = 0.0
+            for k in range(t + 1):
+                if not key_mask[b, k]:
+                    continue
+                a = rows[b, h, t, k]
+                mass += float(a)
+                score = a * value_norm[b, kv, k]
+                if best < 0 or score > best_score:
+                    best = k
+                    best_score = score
+            visible_sum[b, h, t] = mass
+            if not valid:
+                continue
+            if (taxonomy_all or t == last[b]) and t > 0 and best >= 0:
+                if best == t:
+                    votes[b, h, 0] += 1
+                elif best == 0:
+                    votes[b, h, 1] += 1
+                else:
+                    votes[b, h, 2] += 1
+                    offsets[b, h, t - best] += 1
+            if not (geometry_all or t == last[b]):
+                continue
+            qi = t if geometry_all else 0
+            # Variant TOP: the ranking's own top-N sets, every output.
+            n_cand, _ = _select(rows, rows, b, h, qi, t, kv, key_mask, value_sq, ranking_mode,
+                                exclude_sink, max_n, alpha, excluded, top_idx, top_score)
+            if want_sink:
+                sink_mass[b, h, qi] = float(rows[b, h, t, 0]) if key_mask[b, 0] else 0.0
+                # sources ranked before the sink (all visible keys compete, sink ties win)
+                s0 = -math.inf
+                if key_mask[b, 0]:
+                    s0 = float(rows[b, h, t, 0])
+                    if ranking_mode == 1:
+                        s0 *= math.sqrt(value_sq[b, kv, 0])
+                ahead = 0
+                for k in range(1, t + 1):
+                    if not key_mask[b, k]:
+                        continue
+                    a = float(rows[b, h, t, k])
+                    s = a if ranking_mode == 0 else a * math.sqrt(value_sq[b, kv, k])
+                    ahead += 1 if s > s0 else 0
+                sink_rank[b, h, qi] = ahead
+            _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+                     precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
+                     sink[b, h, qi], want_sink, align_sink[b, h, qi], align_current[b, h, qi],
+                     want_bounds, g, slack_scale, bound_p[b, h, qi], bound_r[b, h, qi])
+            if want_sink:  # Variant NOSINK: key 0 removed from the candidates, F only
+                n_cand, _ = _select(rows, rows, b, h, qi, t, kv, key_mask, value_sq, ranking_mode,
+                                    True, max_n, alpha, excluded, top_idx, top_score)
+                _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
+                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+                         nosink_p, nosink_r, f_nosink[b, h, qi], nan_out, nan_int, nan_bool,
+                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
+            for r in range(n_random):  # Variant RANDOM: P, R, F summed over the repeats
+                n_cand, _ = _select(rows, random_scores[r], b, h, qi, t, kv, key_mask, value_sq, 2,
+                                    exclude_sink, max_n, alpha, excluded, top_idx, top_score)
+                for j in range(ns.shape[0]):
+                    rand_p[j] = np.nan
+                _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
+                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+                         rand_p, rand_r, rand_f, nan_out, nan_int, nan_bool,
+                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
+                for j in range(ns.shape[0]):
+                    if not np.isnan(rand_p[j]):
+                        random_sum[0, b, h, qi, j] += rand_p[j]
+                        random_sum[1, b, h, qi, j] += rand_r[j]
+                        random_sum[2, b, h, qi, j] += rand_f[j]

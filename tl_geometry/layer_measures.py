@@ -1,0 +1,282 @@
+"""Everything the analysis measures on one layer, behind one small contract with two backends.
+
+:func:`measure_layer` takes a :class:`~tl_geometry.adapters.LayerAttention`, the run's
+:class:`~tl_geometry.config.RunConfig` and the random ranking scores, and returns
+:class:`LayerMeasures`: named per-query tensors (top-N metrics, random baseline, sink-excluded
+F, alignments, certificates), per-row sink statistics, per-kv-head value statistics and the
+taxonomy votes. Backends:
+
+- ``"fused"`` (CPU tensors): the values are prepared once (kv-head layout, float64 squared
+  norms, one Gram matrix per kv head) and one numba pass over the rows computes everything
+  (``layer_kernel``);
+- ``"torch"`` (any device): the public functions ``separability``, ``sink_geometry``,
+  ``sink_aware_bounds``, ``fit_regime`` and ``vote_counts`` composed, each on its own.
+
+Both give the same numbers (the fused pass does its scalar arithmetic in float64);
+``tests/test_layer_measures.py`` checks it on random inputs and on tiny models of both classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .config import RunConfig
+from .metrics import inversion_bounds, separability, separability_over_rankings
+from .regime import (
+    GRAM_BOUND_KEYS,
+    envelope_from_statistics,
+    fit_from_statistics,
+    gram_bounds,
+    rounding_slack_scale,
+    sink_aware_bounds,
+    value_statistics,
+)
+from .sink import f_by_sink, sink_geometry, value_sink_statistics
+from .taxonomy import offset_counts, votes_from_winners, winner_sources
+
+__all__ = ["LayerMeasures", "measure_layer", "PER_KV_FIELDS"]
+
+Backend = Literal["auto", "fused", "torch"]
+# Regime-fit fields kept per kv head.
+FIT_FIELDS = ("c", "c_spread", "c0", "coherence_max", "coherence_mean", "sink_alignment", "sign_consistency")
+PER_KV_FIELDS = ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine", *FIT_FIELDS, "regime_holds")
+
+
+@dataclass
+class LayerMeasures:
+    """What one layer contributes to an analysis.
+
+    Attributes:
+        query_positions: ``[batch, q]`` the measured queries.
+        per_query: ``{name: [batch, head, q, n]}``: ``precision_top`` … ``f_random``, and with the
+            sink diagnostics ``f_nosink``, ``align_sink``, ``align_current``, ``sink_selected``
+            (1/0, NaN where undefined), ``f_sink_selected``, ``f_sink_unselected``, the certificates
+            ``precision_certificate``/``recall_certificate`` and (Euclidean) ``precision_bound``/``recall_bound``.
+        per_row: ``{name: [batch, head, q]}``: ``sink_mass``, ``sink_rank``.
+        per_kv: ``{name: [batch, kv]}``: value statistics and the regime fit (``PER_KV_FIELDS``).
+        cosine_by_lag: ``[batch, kv, key]`` or None.
+        votes: ``[batch, head, 3]`` taxonomy votes; offsets: ``[batch, head, key]``.
+    """
+
+    query_positions: Int[Tensor, "batch q"]
+    per_query: dict[str, Float[Tensor, "batch head q n"]]
+    per_row: dict[str, Float[Tensor, "batch head q"]]
+    per_kv: dict[str, Float[Tensor, "batch kv"]]
+    cosine_by_lag: Float[Tensor, "batch kv key"] | None
+    votes: Int[Tensor, "batch head 3"]
+    offsets: Int[Tensor, "batch head key"]
+
+
+def measure_layer(att, config: RunConfig, random_scores: Float[Tensor, "repeat batch head q key"] | None,
+                  backend: Backend = "auto") -> LayerMeasures:
+    """Measure one layer (see :class:`LayerMeasures`); ``random_scores`` None or with 0 repeats
+    skips the random baseline. ``backend="auto"``: fused on CPU (when numba imports), torch elsewhere."""
+    if backend not in ("auto", "fused", "torch"):
+        raise ValueError(f"backend must be 'auto', 'fused' or 'torch'; got {backend!r}.")
+    if backend == "auto":
+        backend = "torch"
+        if att.pattern.device.type == "cpu":
+            try:
+                from . import layer_kernel  # noqa: F401
+                backend = "fused"
+            except ImportError:
+                pass
+    if random_scores is not None and random_scores.shape[0] == 0:
+        random_scores = None
+    measure = _measure_fused if backend == "fused" else _measure_torch
+    out = measure(att, config, random_scores)
+    _add_derived(out, config)
+    return out
+
+
+def _add_derived(out: LayerMeasures, config: RunConfig) -> None:
+    """Entries computed from the top-N metrics alike for both backends."""
+    q = out.per_query
+    if not config.sink:
+        return
+    top = _as_separability(q, config.n, out.query_positions)
+    precision_cert, recall_cert = inversion_bounds(top)
+    with_sink, without_sink = f_by_sink(top)
+    q.update(precision_certificate=precision_cert, recall_certificate=recall_cert,
+             f_sink_selected=with_sink, f_sink_unselected=without_sink)
+
+
+def _as_separability(q: dict[str, Tensor], ns: tuple[int, ...], qpos: Tensor):
+    from .metrics import Separability
+
+    return Separability(n=ns, precision=q["precision_top"], recall=q["recall_top"], f=q["f_top"],
+                        margin=q["margin"], inversions=q["inversions"], sink_selected=q["sink_selected"] == 1,
+                        query_positions=qpos)
+
+
+def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig):
+    """Per-kv statistics, the regime fit and the Gram bounds of the envelope (shared statistics)."""
+    stats = value_statistics(values, key_mask)
+    per_kv = value_sink_statistics(stats.norms, stats.cosines, stats.nonsink)
+    cosine_by_lag = per_kv.pop("cosine_by_lag")
+    fit = fit_from_statistics(stats)
+    per_kv.update({name: getattr(fit, name) for name in FIT_FIELDS}, regime_holds=fit.holds().to(values.dtype))
+    bounds = gram_bounds(envelope_from_statistics(stats)) if config.distance == "euclidean" else None
+    return per_kv, cosine_by_lag, bounds
+
+
+def _measure_torch(att, config: RunConfig, random_scores: Tensor | None) -> LayerMeasures:
+    kv = att.kv_values
+    ns = config.n
+    masks = {"key_mask": att.key_mask, "query_mask": att.query_mask}
+    opts = {"queries": config.queries, "distance": config.distance, "exclude_sink": config.exclude_sink, **masks}
+    top = separability(att.pattern, kv, ns, ranking=config.ranking, backend="torch", **opts)
+    q: dict[str, Tensor] = {f"{m}_top": getattr(top, m) for m in ("precision", "recall", "f")}
+    q.update(margin=top.margin, inversions=top.inversions,
+             sink_selected=torch.where(top.defined, top.sink_selected.to(top.f.dtype), torch.nan))
+    if random_scores is not None:
+        random = separability_over_rankings(att.pattern, kv, ns, random_scores, backend="torch", **opts).mean
+        q.update({f"{m}_random": getattr(random, m) for m in ("precision", "recall", "f")})
+    per_row: dict[str, Tensor] = {}
+    per_kv: dict[str, Tensor] = {}
+    cosine_by_lag = None
+    if config.sink:
+        geometry = sink_geometry(att.pattern, kv, ns, ranking=config.ranking, queries=config.queries,
+                                 exclude_sink=config.exclude_sink, **masks)
+        q.update(align_sink=geometry.align_sink, align_current=geometry.align_current)
+        per_row.update(sink_mass=geometry.sink_mass, sink_rank=geometry.sink_rank)
+        values = kv.to(att.pattern.dtype).permute(0, 2, 1, 3)
+        per_kv, cosine_by_lag, _ = _value_measures(values, att.key_mask, config)
+        q["f_nosink"] = separability(att.pattern, kv, ns, ranking=config.ranking, backend="torch",
+                                     **dict(opts, exclude_sink=True)).f
+        if config.distance == "euclidean":
+            bounds = sink_aware_bounds(att.pattern, kv, ns, ranking=config.ranking, queries=config.queries,
+                                       exclude_sink=config.exclude_sink, **masks)
+            q.update(precision_bound=bounds.precision, recall_bound=bounds.recall)
+    winners = winner_sources(att.pattern, kv, queries=config.taxonomy_queries, **masks)
+    tax_qpos = top.query_positions if config.taxonomy_queries == config.queries else _positions(att, config.taxonomy_queries)
+    return LayerMeasures(top.query_positions, q, per_row, per_kv, cosine_by_lag,
+                         votes_from_winners(winners, tax_qpos), offset_counts(winners, tax_qpos, att.pattern.shape[-1]))
+
+
+def _positions(att, queries: str) -> Tensor:
+    from .metrics import query_positions
+
+    return query_positions(att.query_mask, queries)
+
+
+def _measure_fused(att, config: RunConfig, random_scores: Tensor | None) -> LayerMeasures:
+    import numba
+    import numpy as np
+
+    from .layer_kernel import layer_rows
+    from .metrics import _check_distribution, _gram_blocks, query_positions, squared_value_norms
+
+    pattern = att.pattern.detach()
+    if pattern.dtype not in (torch.float32, torch.float64):
+        pattern = pattern.float()
+    pattern = pattern.contiguous()
+    dtype = pattern.dtype
+    batch, heads, n_q, n_k = pattern.shape
+    values = att.kv_values.detach().to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
+    n_kv, d = values.shape[1], values.shape[3]
+    group = heads // n_kv
+    key_mask, query_mask = att.key_mask.bool().contiguous(), att.query_mask.bool().contiguous()
+    last = query_positions(query_mask, "last")[:, 0].contiguous()
+    geometry_all = config.queries == "all"
+    taxonomy_all = config.taxonomy_queries == "all"
+    qpos = query_positions(query_mask, config.queries)
+    n_sel = qpos.shape[1]
+    ns = tuple(sorted(set(config.n)))
+    n_out = len(ns)
+
+    value_sq = squared_value_norms(values)
+    value_norm = values.norm(dim=-1)  # the taxonomy's ‖v‖, as winner_sources computes it
+    want_bounds = config.sink and config.distance == "euclidean"
+    per_kv: dict[str, Tensor] = {}
+    cosine_by_lag = None
+    g = torch.zeros(7, batch, n_kv, n_k, dtype=torch.float64)
+    if config.sink:
+        per_kv, cosine_by_lag, bounds = _value_measures(values, key_mask, config)
+        if bounds is not None:
+            g = torch.stack([bounds[key].double() for key in GRAM_BOUND_KEYS]).contiguous()
+    slack_scale = rounding_slack_scale(dtype, d, n_k)
+    repeats = 0 if random_scores is None else random_scores.shape[0]
+    scores = (torch.zeros(0, batch, heads, n_sel, n_k, dtype=torch.float32) if random_scores is None
+              else random_scores.detach().to(torch.float32).contiguous())
+
+    def full(*shape, fill=torch.nan, dtype=torch.float64):
+        return torch.full(shape, fill, dtype=dtype)
+
+    metric = {name: full(batch, heads, n_sel, n_out) for name in
+              ("precision", "recall", "f", "margin", "inversions", "align_sink", "align_current",
+               "bound_p", "bound_r", "f_nosink")}
+    sink = torch.zeros(batch, heads, n_sel, n_out, dtype=torch.bool)
+    sink_mass, sink_rank = full(batch, heads, n_sel), full(batch, heads, n_sel)
+    random_sum = torch.zeros(3, batch, heads, n_sel, n_out, dtype=torch.float64)
+    row_sum, negatives, visible_sum = (torch.zeros(batch, heads, n_q, dtype=torch.float64) for _ in range(3))
+    votes = torch.zeros(batch, heads, 3, dtype=torch.int64)
+    offsets = torch.zeros(batch, heads, n_k, dtype=torch.int64)
+
+    # A Gram matrix V Vᵀ per kv head pays off when many rows × variants read it.
+    variants = 1 + 2 * config.sink + repeats
+    use_gram = group * n_sel * n_out * variants >= n_k
+    visited = n_q if (geometry_all or taxonomy_all) else 1
+    small = batch * heads * visited * n_k < (1 << 17)
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1 if small else max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    try:
+        ns_array = np.asarray(ns, dtype=np.int64)
+        gram_bytes = n_k * n_k * values.element_size() if use_gram else 0
+        for b_sl, kv_sl in _gram_blocks(batch, n_kv, gram_bytes):
+            h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
+            block = values[b_sl, kv_sl]
+            gram = (block @ block.transpose(-1, -2)).contiguous() if use_gram else values[:1, :1, :1, :1]
+
+            def view(x, heads_axis=1, b_sl=b_sl, h_sl=h_sl):
+                index = [slice(None)] * x.ndim
+                index[heads_axis - 1], index[heads_axis] = b_sl, h_sl
+                return x[tuple(index)].numpy()
+
+            layer_rows(
+                pattern[b_sl, h_sl].numpy(), key_mask[b_sl].numpy(), query_mask[b_sl].numpy(), last[b_sl].numpy(),
+                geometry_all, taxonomy_all, block.numpy(), value_sq[b_sl, kv_sl].numpy(),
+                value_norm[b_sl, kv_sl].numpy(), gram.numpy(), use_gram, ns_array,
+                0 if config.ranking == "attention" else 1, config.exclude_sink, config.distance == "euclidean", group,
+                scores[:, b_sl, h_sl].numpy(), config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(), slack_scale,
+                row_sum[b_sl, h_sl].numpy(), negatives[b_sl, h_sl].numpy(), visible_sum[b_sl, h_sl].numpy(),
+                votes[b_sl, h_sl].numpy(), offsets[b_sl, h_sl].numpy(),
+                *(view(metric[name]) for name in ("precision", "recall", "f", "margin", "inversions")),
+                sink[b_sl, h_sl].numpy(), sink_mass[b_sl, h_sl].numpy(), sink_rank[b_sl, h_sl].numpy(),
+                *(view(metric[name]) for name in ("align_sink", "align_current", "bound_p", "bound_r", "f_nosink")),
+                view(random_sum, 2),
+            )
+    finally:
+        numba.set_num_threads(previous)
+    # Distribution checks of every visited row (one pass gave their statistics).
+    rows = torch.arange(n_q)[None].expand(batch, -1) if visited == n_q else last[:, None]
+    gather = rows[:, None, :].expand(batch, heads, -1)
+    _check_distribution(row_sum.gather(2, gather), negatives.gather(2, gather) > 0, visible_sum.gather(2, gather),
+                        query_mask.gather(1, rows))
+
+    out_dtype = dtype
+    columns = torch.tensor([ns.index(value) for value in config.n])
+
+    def finish(x: Tensor) -> Tensor:
+        return x.index_select(-1, columns).to(out_dtype)
+
+    defined = ~torch.isnan(metric["precision"])
+    q: dict[str, Tensor] = {f"{m}_top": finish(metric[m]) for m in ("precision", "recall", "f")}
+    q.update(margin=finish(metric["margin"]), inversions=finish(metric["inversions"]),
+             sink_selected=finish(torch.where(defined, sink.double(), torch.nan)))
+    if repeats:
+        for i, m in enumerate(("precision", "recall", "f")):
+            q[f"{m}_random"] = finish(torch.where(defined, random_sum[i] / repeats, torch.nan))
+    per_row: dict[str, Tensor] = {}
+    if config.sink:
+        q.update(align_sink=finish(metric["align_sink"]), align_current=finish(metric["align_current"]),
+                 f_nosink=finish(metric["f_nosink"]))
+        per_row = {"sink_mass": sink_mass.to(out_dtype), "sink_rank": sink_rank.to(out_dtype)}
+        if want_bounds:
+            q.update(precision_bound=finish(metric["bound_p"]), recall_bound=finish(metric["bound_r"]))
+    return LayerMeasures(qpos, q, per_row, per_kv, cosine_by_lag, votes, offsets)
