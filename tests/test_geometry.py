@@ -12,8 +12,9 @@ from tl_geometry.geometry import (
     SINK_N_METRICS,
     GeometryResult,
     bootstrap_ci,
-    window_generator,
+    window_key,
 )
+from tl_geometry.layer_measures import RandomDraws
 from tl_geometry.metrics import separability
 from tl_geometry.sink import f_by_sink, sink_geometry
 
@@ -35,13 +36,12 @@ def test_result_equals_metrics_on_the_cache(model):
         att = read_layer(cache, layer)
         top = separability(att.pattern, att.v, NS, queries="all")
         torch.testing.assert_close(res.per_sequence["f_top"][:, layer], top.f.nanmean(2).float())
-        runs = []
-        for b in range(3):
-            gen = window_generator(0, b, layer)
-            scores = torch.rand(2, 4, 10, 10, generator=gen)
-            runs.append(torch.stack([separability(att.pattern[b:b + 1], att.v[b:b + 1], NS, ranking=scores[r][None]).f
-                                     for r in range(2)]).nanmean(0))
-        torch.testing.assert_close(res.per_sequence["f_random"][:, layer], torch.cat(runs).nanmean(2).float())
+        # two random rankings per query, keyed by (seed 0, window, layer) whatever the batch
+        draws = RandomDraws(torch.tensor([window_key(0, b, layer) for b in range(3)]), 2)
+        qpos = torch.arange(10).expand(3, 10)
+        scores = draws.scores(att.key_mask, qpos, att.query_mask, 4, max(NS), False)
+        random = torch.stack([separability(att.pattern, att.v, NS, ranking=scores[r]).f for r in range(2)]).nanmean(0)
+        torch.testing.assert_close(res.per_sequence["f_random"][:, layer], random.nanmean(2).float())
     assert res.mean("gap").shape == (3, 4, 3)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from tl_geometry.adapters import LayerAttention, align_value_heads
 from tl_geometry.config import RunConfig
-from tl_geometry.layer_measures import measure_layer
+from tl_geometry.layer_measures import RandomDraws, measure_layer
 
 from .inputs import random_attention
 
@@ -19,10 +19,9 @@ def layer(batch=2, heads=4, kv=2, pos=9, d=5, seed=0, lengths=None, dtype=torch.
                           query_mask=key_mask.clone(), has_bos=torch.ones(batch, dtype=torch.bool), n_kv_heads=kv)
 
 
-def random_scores(att, config, repeats, seed=0):
-    batch, heads, pos, _ = att.pattern.shape
-    q = pos if config.queries == "all" else 1
-    return torch.rand(repeats, batch, heads, q, pos, generator=torch.Generator().manual_seed(seed))
+def draws(batch, repeats, seed=0):
+    return RandomDraws(torch.randint(-2**63, 2**63 - 1, (batch,), generator=torch.Generator().manual_seed(seed)),
+                       repeats)
 
 
 def assert_same(a, b, atol):
@@ -56,7 +55,7 @@ CASES = [
 def test_fused_equals_the_public_functions(options, dtype):
     config = RunConfig(**{"n": (1, 2, 3, 5), **options})
     att = layer(lengths=[9, 6], dtype=dtype)
-    scores = random_scores(att, config, 3)
-    fused = measure_layer(att, config, scores, backend="fused")
-    composed = measure_layer(att, config, scores, backend="torch")
+    random = draws(2, 3)
+    fused = measure_layer(att, config, random, backend="fused")
+    composed = measure_layer(att, config, random, backend="torch")
     assert_same(fused, composed, atol=1e-12 if dtype == torch.float64 else 1e-5)

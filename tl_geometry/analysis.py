@@ -243,7 +243,7 @@ def analyze(
     taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=config.taxonomy_queries)
 
     def on_layer(layer, att):
-        measures = measure_layer(att, config, geometry.random_scores(att))
+        measures = measure_layer(att, config, geometry.random_draws(att))
         geometry.add(layer, measures, att.heads_per_kv)
         taxonomy.add_votes(layer, measures.votes, measures.offsets)
 

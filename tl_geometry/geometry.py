@@ -26,9 +26,9 @@ from torch import Tensor
 from .adapters import LayerAttention
 from .config import RunConfig
 from .io import load_tensors, save_tensors
-from .layer_measures import LayerMeasures
+from .layer_measures import LayerMeasures, RandomDraws
 
-__all__ = ["GeometryResult", "window_generator", "sequence_means", "bootstrap_ci"]
+__all__ = ["GeometryResult", "window_key", "sequence_means", "bootstrap_ci"]
 
 METRICS = ("precision", "recall", "f")
 SOURCES = ("top", "random")
@@ -44,11 +44,12 @@ SINK_N_METRICS = (
 LAG_METRICS = ("cosine_by_lag",)
 
 
-def window_generator(seed: int, window: int, layer: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """Generator seeded by (run seed, window id, layer) only: results do not depend on batching
-    or on how windows are sharded across processes."""
+def window_key(seed: int, window: int, layer: int) -> int:
+    """64-bit key of the random rankings of one (run seed, window id, layer): results do not
+    depend on batching or on how windows are sharded across processes. Returned as a signed
+    int64 holding the key's bits (what a LongTensor stores)."""
     digest = hashlib.sha256(f"tl_geometry:{seed}:{window}:{layer}".encode()).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:7], "little"))
+    return int.from_bytes(digest[:8], "little", signed=True)
 
 
 def sequence_means(values: Float[Tensor, "batch head query n"]) -> Float[Tensor, "batch head n"]:
@@ -220,26 +221,15 @@ class SeparabilityAccumulator:
             store["cosine_by_lag"] = torch.full((*shape, seq_len), torch.nan)
         self.batches.append(store)
 
-    def random_scores(self, att: LayerAttention) -> Tensor | None:
-        """[repeat, batch, head, q, key] uniform scores, one generator per (window, layer); None
-        without a random baseline.
-
-        Each sequence draws only over its real keys (and, for ``queries="all"``, its real query
-        rows), so its baseline does not depend on how much padding its batch needed.
-        """
-        batch, heads, n_q, n_k = att.pattern.shape
-        repeats = self.config.random_repeats(n_k)
+    def random_draws(self, att: LayerAttention) -> RandomDraws | None:
+        """The random rankings of one layer of this batch (None without a random baseline): one key
+        per (window, layer), ``config.random_repeats`` rankings per query."""
+        repeats = self.config.random_repeats(att.pattern.shape[-1])
         if repeats == 0:
             return None
-        all_rows = self.config.queries == "all"
-        n_queries = n_q if all_rows else 1
-        scores = torch.zeros(repeats, batch, heads, n_queries, n_k)
-        lengths = att.key_mask.sum(1).tolist()
-        for b, (window, length) in enumerate(zip(self.window_ids[-1].tolist(), lengths, strict=True)):
-            rows = length if all_rows else n_queries
-            gen = window_generator(self.config.seed, int(window), att.layer)
-            scores[:, b, :, :rows, :length] = torch.rand(repeats, heads, rows, length, generator=gen)
-        return scores.to(att.pattern.device)
+        keys = torch.tensor([window_key(self.config.seed, int(w), att.layer) for w in self.window_ids[-1].tolist()],
+                            dtype=torch.int64)
+        return RandomDraws(keys, repeats)
 
     def add(self, layer: int, measures: LayerMeasures, heads_per_kv: int) -> None:
         """Per-sequence means of one layer's measures (per-kv values go to each query head reading them)."""

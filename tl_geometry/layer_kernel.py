@@ -30,15 +30,13 @@ import numpy as np
 from .separability_kernel import _count_at_most, _distance, _dot, _insert_top, _row_sum_and_negatives
 
 _COS_EPS = 1e-12
-# Variant kinds: the ranking's top-N (all outputs), the same with key 0 excluded (F only), random.
-TOP, NOSINK, RANDOM = 0, 1, 2
 
 
 @numba.njit(cache=True, nogil=True)
-def _select(rows, scores, b, h, qi, t, kv, key_mask, value_sq, ranking_mode, exclude_sink, max_n,
+def _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode, exclude_sink, max_n,
             alpha, excluded, top_idx, top_score):
     """Weights, candidate flags (``excluded``: 0 candidate, +inf otherwise) and the best-``max_n``
-    candidates of one row; returns (number of candidates, number selected)."""
+    candidates of one row by attention (mode 0) or α‖v‖ (mode 1); returns (candidates, selected)."""
     n_cand = 0
     filled = 0
     m = min(max_n, t + 1)
@@ -50,19 +48,84 @@ def _select(rows, scores, b, h, qi, t, kv, key_mask, value_sq, ranking_mode, exc
         if not candidate:
             continue
         n_cand += 1
-        if ranking_mode == 0:
-            score = a
-        elif ranking_mode == 1:
-            score = a * math.sqrt(value_sq[b, kv, k])
-        else:  # -inf is still a candidate: above every non-candidate
-            score = max(float(scores[b, h, qi, k]), -1.7976931348623157e308)
+        score = a if ranking_mode == 0 else a * math.sqrt(value_sq[b, kv, k])
         filled = _insert_top(top_idx, top_score, filled, m, k, score)
     return n_cand, filled
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@numba.njit(cache=True, nogil=True)
+def _mix(z):
+    """splitmix64's finaliser: a bijective scramble of 64 bits."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True)
+def _sample(cand, n_cand, m, key, h, t, r, top_idx):
+    """A uniformly random ordered sample of ``m`` of the ``n_cand`` candidates (partial
+    Fisher–Yates), drawn from a counter-based stream keyed by (window and layer ``key``, head,
+    query, repeat): the same draws whatever the batching, sharding or backend."""
+    state = _mix(key ^ _mix(np.uint64(h) * np.uint64(0xD1B54A32D192ED03)
+                            + np.uint64(t) * np.uint64(0xABC98388FB8FAC03) + np.uint64(r) + np.uint64(1)))
+    for rank in range(m):
+        state = state + _GOLDEN
+        u = (_mix(state) >> np.uint64(11)) * (1.0 / 9007199254740992.0)  # 53 bits in [0, 1)
+        j = rank + min(int(u * (n_cand - rank)), n_cand - rank - 1)
+        chosen = cand[j]
+        cand[j] = cand[rank]
+        cand[rank] = chosen
+        top_idx[rank] = chosen
+
+
+@numba.njit(cache=True, nogil=True)
+def _random_select(rows, b, h, t, key_mask, exclude_sink, max_n, key, r, alpha, excluded, cand, top_idx):
+    """:func:`_select` for a uniformly random ranking (see :func:`_sample`); returns the candidates' number."""
+    n_cand = 0
+    for k in range(t + 1):
+        candidate = key_mask[b, k] and not (exclude_sink and k == 0)
+        alpha[k] = float(rows[b, h, t, k]) if candidate else 0.0
+        excluded[k] = 0.0 if candidate else math.inf
+        if candidate:
+            cand[n_cand] = k
+            n_cand += 1
+    _sample(cand, n_cand, min(max_n, n_cand), key, h, t, r, top_idx)
+    return n_cand
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def random_top_orders(keys, key_mask, qpos, qvalid, n_heads, repeats, max_n, exclude_sink, out):
+    """The random rankings' best-``max_n`` sources ``out[repeat, batch, head, q, :]`` (-1 past the
+    candidates), exactly as the fused pass draws them; for the torch backend and the tests."""
+    n_batch, n_q = qpos.shape
+    n_k = key_mask.shape[1]
+    for task in numba.prange(n_batch * n_heads):
+        b = task // n_heads
+        h = task % n_heads
+        cand = np.zeros(n_k, dtype=np.int64)
+        top_idx = np.zeros(max_n, dtype=np.int64)
+        for qi in range(n_q):
+            t = qpos[b, qi]
+            if not qvalid[b, qi]:
+                continue
+            for r in range(repeats):
+                n_cand = 0
+                for k in range(t + 1):
+                    if key_mask[b, k] and not (exclude_sink and k == 0):
+                        cand[n_cand] = k
+                        n_cand += 1
+                m = min(max_n, n_cand)
+                _sample(cand, n_cand, m, keys[b], h, t, r, top_idx)
+                for rank in range(m):
+                    out[r, b, h, qi, rank] = top_idx[rank]
+
+
 @numba.njit(cache=True, nogil=True)
 def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, full,
-             alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+             alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
              out_p, out_r, out_f, out_margin, out_inv, out_sink,
              want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r):
     """All N of one selection. ``full``: margin, inversions, sink flag and (when asked) the
@@ -162,35 +225,29 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
                 s_w = 0.0 if i == 0 else w0
                 q_sq = sum_sq - own * own
                 q_tot = total - own
-                u = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
-                     + 2 * sink_hi * s_w * q_tot)
-                u_max = max(u_max, u)
+                u_val[rank] = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
+                               + 2 * sink_hi * s_w * q_tot)
+                u_max = max(u_max, u_val[rank])
             s_sq_lo = max(diag_lo * sum_sq + pair_lo * (total * total - sum_sq) + sink_sq * w0 * w0
                           + 2 * sink_lo * w0 * total, 0.0)
-            l_min = math.inf
-            outside_b = 0
-            for k in range(t + 1):  # L_j less the slack, for unselected candidates (excluded = 0)
-                if excluded[k] != 0.0:
-                    continue
+            # L_j less the slack for every key (dist is free now); +inf drops selected and
+            # non-candidates, so the minimum and the count need no branch.
+            inner = pair_hi * total + sink_hi * w0
+            for k in range(t + 1):
                 a = alpha[k]
-                if k == 0:
-                    low = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total)
-                else:
-                    low = a * a * diag_lo + s_sq_lo - 2 * a * (pair_hi * total + sink_hi * w0)
                 spread = a + total + w0
-                low -= slack * spread * spread
-                l_min = min(l_min, low)
-                outside_b += 1 if low <= u_max else 0
+                dist[k] = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[k]
+            if excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
+                a = alpha[0]
+                spread = a + total + w0
+                dist[0] = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total) - slack * spread * spread
+            l_min = math.inf
+            for k in range(t + 1):
+                l_min = min(l_min, dist[k])
+            outside_b = _count_at_most(dist, t + 1, u_max)
             inside_b = 0
             for rank in range(n):
-                i = top_idx[rank]
-                own = 0.0 if i == 0 else alpha[i]
-                s_w = 0.0 if i == 0 else w0
-                q_sq = sum_sq - own * own
-                q_tot = total - own
-                u = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
-                     + 2 * sink_hi * s_w * q_tot)
-                inside_b += 1 if u < l_min else 0
+                inside_b += 1 if u_val[rank] < l_min else 0
             bound_p[j] = n / (n + outside_b)
             bound_r[j] = inside_b / n
     # Unselected candidates keep excluded = 0 for the next variant's reset (done by _select).
@@ -199,7 +256,7 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
 @numba.njit(parallel=True, cache=True, nogil=True)
 def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                values, value_sq, value_norm, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean, group,
-               random_scores, want_sink, want_bounds, g, slack_scale,
+               random_keys, n_random, want_sink, want_bounds, g, slack_scale,
                row_sum, negatives, visible_sum, votes, offsets,
                precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
                align_sink, align_current, bound_p, bound_r, f_nosink, random_sum):
@@ -208,8 +265,8 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
     last ``[batch]``: the last real query; ``geometry_all`` / ``taxonomy_all``: every query (else
     only the last) is measured / votes. Geometry outputs are ``[batch, head, q, n]`` with
     ``q = query`` (all) or 1 (last), pre-filled with NaN / False by the caller; ``random_sum``
-    ``[3, batch, head, q, n]`` sums P, R, F over the random rankings ``random_scores``
-    ``[repeat, batch, head, q, key]``. ``row_sum`` etc. ``[batch, head, query]`` (rows not
+    ``[3, batch, head, q, n]`` sums P, R, F over ``n_random`` uniformly random rankings per row,
+    drawn from ``random_keys`` ``[batch]`` (one key per window and layer, see :func:`_sample`). ``row_sum`` etc. ``[batch, head, query]`` (rows not
     visited stay 0 and are not checked); ``votes`` ``[batch, head, 3]``, ``offsets``
     ``[batch, head, key]`` are added to. ``g`` ``[7, batch, kv, key]``: the Gram bounds of the
     regime at each query (diag_lo, diag_hi, pair_hi, pair_lo, sink_hi, sink_lo, sink_sq).
@@ -217,7 +274,6 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
     n_batch, n_heads, n_q, n_k = rows.shape
     d = values.shape[3]
     max_n = ns[ns.shape[0] - 1]
-    n_random = random_scores.shape[0]
     for task in numba.prange(n_batch * n_heads):
         b = task // n_heads
         h = task % n_heads
@@ -230,6 +286,8 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         agg = np.zeros(d)
         top_idx = np.zeros(max_n, dtype=np.int64)
         top_score = np.zeros(max_n)
+        u_val = np.zeros(max_n)
+        cand = np.zeros(n_k, dtype=np.int64)
         nan_out = np.zeros(ns.shape[0])
         nan_int = np.zeros(ns.shape[0])
         nan_bool = np.zeros(ns.shape[0], dtype=np.bool_)
@@ -270,7 +328,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 continue
             qi = t if geometry_all else 0
             # Variant TOP: the ranking's own top-N sets, every output.
-            n_cand, _ = _select(rows, rows, b, h, qi, t, kv, key_mask, value_sq, ranking_mode,
+            n_cand, _ = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
                                 exclude_sink, max_n, alpha, excluded, top_idx, top_score)
             if want_sink:
                 sink_mass[b, h, qi] = float(rows[b, h, t, 0]) if key_mask[b, 0] else 0.0
@@ -289,24 +347,24 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                     ahead += 1 if s > s0 else 0
                 sink_rank[b, h, qi] = ahead
             _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
                      precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
                      sink[b, h, qi], want_sink, align_sink[b, h, qi], align_current[b, h, qi],
                      want_bounds, g, slack_scale, bound_p[b, h, qi], bound_r[b, h, qi])
             if want_sink:  # Variant NOSINK: key 0 removed from the candidates, F only
-                n_cand, _ = _select(rows, rows, b, h, qi, t, kv, key_mask, value_sq, ranking_mode,
+                n_cand, _ = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
                                     True, max_n, alpha, excluded, top_idx, top_score)
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
                          nosink_p, nosink_r, f_nosink[b, h, qi], nan_out, nan_int, nan_bool,
                          False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
             for r in range(n_random):  # Variant RANDOM: P, R, F summed over the repeats
-                n_cand, _ = _select(rows, random_scores[r], b, h, qi, t, kv, key_mask, value_sq, 2,
-                                    exclude_sink, max_n, alpha, excluded, top_idx, top_score)
+                n_cand = _random_select(rows, b, h, t, key_mask, exclude_sink, max_n, random_keys[b], r,
+                                        alpha, excluded, cand, top_idx)
                 for j in range(ns.shape[0]):
                     rand_p[j] = np.nan
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg,
+                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
                          rand_p, rand_r, rand_f, nan_out, nan_int, nan_bool,
                          False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
                 for j in range(ns.shape[0]):
@@ -314,3 +372,37 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                         random_sum[0, b, h, qi, j] += rand_p[j]
                         random_sum[1, b, h, qi, j] += rand_r[j]
                         random_sum[2, b, h, qi, j] += rand_f[j]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
+def pair_cosine_statistics(gram, norms, nonsink, newest, largest, total):
+    """|cos| of every pair of non-sink keys from the Gram matrix, without holding the cosine
+    matrix: ``newest[b, kv, t] = max_{i<t} |cos(v_t, v_i)|`` (0 without such a pair), and per
+    (sequence, kv head) the largest and the sum over ordered pairs i ≠ j. Cosines are
+    ``G[t, i]·(1/‖v_t‖)·(1/‖v_i‖)`` in the values' dtype (norms clamped to the dtype's tiny;
+    non-sink keys get the reciprocal 0, so the loops need no branch). Inputs are finite."""
+    n_batch, n_kv, n_k, _ = gram.shape
+    tiny = np.finfo(norms.dtype).tiny
+    for task in numba.prange(n_batch * n_kv):
+        b = task // n_kv
+        h = task % n_kv
+        inverse = np.zeros(n_k, dtype=norms.dtype)
+        for k in range(n_k):
+            if nonsink[b, k]:
+                inverse[k] = 1 / max(norms[b, h, k], tiny)
+        best = 0.0
+        summed = 0.0
+        for t in range(n_k):
+            row = gram[b, h, t]
+            scale = inverse[t]
+            row_max = row.dtype.type(0)
+            row_sum = 0.0
+            for i in range(t):
+                c = abs(row[i]) * scale * inverse[i]
+                row_max = max(row_max, c)
+                row_sum += c
+            newest[b, h, t] = row_max
+            best = max(best, row_max)
+            summed += 2.0 * row_sum
+        largest[b, h] = best
+        total[b, h] = summed

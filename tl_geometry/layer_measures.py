@@ -39,12 +39,45 @@ from .regime import (
 from .sink import f_by_sink, sink_geometry, value_sink_statistics
 from .taxonomy import offset_counts, votes_from_winners, winner_sources
 
-__all__ = ["LayerMeasures", "measure_layer", "PER_KV_FIELDS"]
+__all__ = ["LayerMeasures", "RandomDraws", "measure_layer", "PER_KV_FIELDS"]
 
 Backend = Literal["auto", "fused", "torch"]
 # Regime-fit fields kept per kv head.
 FIT_FIELDS = ("c", "c_spread", "c0", "coherence_max", "coherence_mean", "sink_alignment", "sign_consistency")
 PER_KV_FIELDS = ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine", *FIT_FIELDS, "regime_holds")
+
+
+@dataclass(frozen=True)
+class RandomDraws:
+    """Uniformly random rankings: ``repeats`` per chosen query, drawn from a counter-based stream
+    keyed by ``keys`` ``[batch]`` (one 64-bit key per window and layer, stored in an int64)."""
+
+    keys: Int[Tensor, " batch"]
+    repeats: int
+
+    def top_orders(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int,
+                   exclude_sink: bool) -> Int[Tensor, "repeat batch head q max_n"]:
+        """The best-``max_n`` sources of every random ranking (-1 past the candidates), as the
+        fused pass draws them."""
+        import numpy as np
+
+        from .layer_kernel import random_top_orders
+
+        out = torch.full((self.repeats, *qpos.shape[:1], n_heads, qpos.shape[1], max_n), -1, dtype=torch.int64)
+        random_top_orders(self.keys.cpu().numpy().view(np.uint64), key_mask.cpu().contiguous().numpy(),
+                          qpos.cpu().contiguous().numpy(), qvalid.cpu().contiguous().numpy(), n_heads, self.repeats,
+                          max_n, exclude_sink, out.numpy())
+        return out
+
+    def scores(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int, exclude_sink: bool
+               ) -> Float[Tensor, "repeat batch head q key"]:
+        """Score tensors whose top-``max_n`` are :meth:`top_orders` (for ``separability(ranking=...)``)."""
+        orders = self.top_orders(key_mask, qpos, qvalid, n_heads, max_n, exclude_sink)
+        n_k = key_mask.shape[1]
+        scores = torch.zeros(*orders.shape[:-1], n_k + 1)  # column n_k takes the -1 entries
+        rank_scores = torch.arange(max_n, 0, -1, dtype=scores.dtype).expand_as(orders)
+        scores.scatter_(-1, torch.where(orders >= 0, orders, n_k), rank_scores)
+        return scores[..., :n_k].to(key_mask.device)
 
 
 @dataclass
@@ -72,10 +105,9 @@ class LayerMeasures:
     offsets: Int[Tensor, "batch head key"]
 
 
-def measure_layer(att, config: RunConfig, random_scores: Float[Tensor, "repeat batch head q key"] | None,
-                  backend: Backend = "auto") -> LayerMeasures:
-    """Measure one layer (see :class:`LayerMeasures`); ``random_scores`` None or with 0 repeats
-    skips the random baseline. ``backend="auto"``: fused on CPU (when numba imports), torch elsewhere."""
+def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: Backend = "auto") -> LayerMeasures:
+    """Measure one layer (see :class:`LayerMeasures`); ``random`` None (or 0 repeats) skips the
+    random baseline. ``backend="auto"``: fused on CPU (when numba imports), torch elsewhere."""
     if backend not in ("auto", "fused", "torch"):
         raise ValueError(f"backend must be 'auto', 'fused' or 'torch'; got {backend!r}.")
     if backend == "auto":
@@ -86,10 +118,10 @@ def measure_layer(att, config: RunConfig, random_scores: Float[Tensor, "repeat b
                 backend = "fused"
             except ImportError:
                 pass
-    if random_scores is not None and random_scores.shape[0] == 0:
-        random_scores = None
+    if random is not None and random.repeats == 0:
+        random = None
     measure = _measure_fused if backend == "fused" else _measure_torch
-    out = measure(att, config, random_scores)
+    out = measure(att, config, random)
     _add_derived(out, config)
     return out
 
@@ -114,9 +146,9 @@ def _as_separability(q: dict[str, Tensor], ns: tuple[int, ...], qpos: Tensor):
                         query_positions=qpos)
 
 
-def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig):
+def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: Tensor | None = None):
     """Per-kv statistics, the regime fit and the Gram bounds of the envelope (shared statistics)."""
-    stats = value_statistics(values, key_mask)
+    stats = value_statistics(values, key_mask, gram)
     per_kv = value_sink_statistics(stats.norms, stats.cosines, stats.nonsink)
     cosine_by_lag = per_kv.pop("cosine_by_lag")
     fit = fit_from_statistics(stats)
@@ -125,7 +157,7 @@ def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig):
     return per_kv, cosine_by_lag, bounds
 
 
-def _measure_torch(att, config: RunConfig, random_scores: Tensor | None) -> LayerMeasures:
+def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerMeasures:
     kv = att.kv_values
     ns = config.n
     masks = {"key_mask": att.key_mask, "query_mask": att.query_mask}
@@ -134,9 +166,12 @@ def _measure_torch(att, config: RunConfig, random_scores: Tensor | None) -> Laye
     q: dict[str, Tensor] = {f"{m}_top": getattr(top, m) for m in ("precision", "recall", "f")}
     q.update(margin=top.margin, inversions=top.inversions,
              sink_selected=torch.where(top.defined, top.sink_selected.to(top.f.dtype), torch.nan))
-    if random_scores is not None:
-        random = separability_over_rankings(att.pattern, kv, ns, random_scores, backend="torch", **opts).mean
-        q.update({f"{m}_random": getattr(random, m) for m in ("precision", "recall", "f")})
+    if random is not None:
+        qvalid = att.query_mask.gather(1, top.query_positions)
+        scores = random.scores(att.key_mask, top.query_positions, qvalid, att.pattern.shape[1], max(ns),
+                               config.exclude_sink)
+        baseline = separability_over_rankings(att.pattern, kv, ns, scores, backend="torch", **opts).mean
+        q.update({f"{m}_random": getattr(baseline, m) for m in ("precision", "recall", "f")})
     per_row: dict[str, Tensor] = {}
     per_kv: dict[str, Tensor] = {}
     cosine_by_lag = None
@@ -165,7 +200,7 @@ def _positions(att, queries: str) -> Tensor:
     return query_positions(att.query_mask, queries)
 
 
-def _measure_fused(att, config: RunConfig, random_scores: Tensor | None) -> LayerMeasures:
+def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerMeasures:
     import numba
     import numpy as np
 
@@ -195,15 +230,21 @@ def _measure_fused(att, config: RunConfig, random_scores: Tensor | None) -> Laye
     want_bounds = config.sink and config.distance == "euclidean"
     per_kv: dict[str, Tensor] = {}
     cosine_by_lag = None
+    repeats = 0 if random is None else random.repeats
+    # A Gram matrix V Vᵀ per kv head pays off when many rows × variants read it; in one block it
+    # also gives the regime's cosines.
+    variants = 1 + 2 * config.sink + repeats
+    use_gram = group * n_sel * n_out * variants >= n_k
+    gram_bytes = n_k * n_k * values.element_size() if use_gram else 0
+    blocks = _gram_blocks(batch, n_kv, gram_bytes)
+    whole_gram = (values @ values.transpose(-1, -2)).contiguous() if use_gram and len(blocks) == 1 else None
     g = torch.zeros(7, batch, n_kv, n_k, dtype=torch.float64)
     if config.sink:
-        per_kv, cosine_by_lag, bounds = _value_measures(values, key_mask, config)
+        per_kv, cosine_by_lag, bounds = _value_measures(values, key_mask, config, whole_gram)
         if bounds is not None:
             g = torch.stack([bounds[key].double() for key in GRAM_BOUND_KEYS]).contiguous()
     slack_scale = rounding_slack_scale(dtype, d, n_k)
-    repeats = 0 if random_scores is None else random_scores.shape[0]
-    scores = (torch.zeros(0, batch, heads, n_sel, n_k, dtype=torch.float32) if random_scores is None
-              else random_scores.detach().to(torch.float32).contiguous())
+    keys = (np.zeros(batch, dtype=np.uint64) if random is None else random.keys.cpu().numpy().view(np.uint64))
 
     def full(*shape, fill=torch.nan, dtype=torch.float64):
         return torch.full(shape, fill, dtype=dtype)
@@ -218,20 +259,21 @@ def _measure_fused(att, config: RunConfig, random_scores: Tensor | None) -> Laye
     votes = torch.zeros(batch, heads, 3, dtype=torch.int64)
     offsets = torch.zeros(batch, heads, n_k, dtype=torch.int64)
 
-    # A Gram matrix V Vᵀ per kv head pays off when many rows × variants read it.
-    variants = 1 + 2 * config.sink + repeats
-    use_gram = group * n_sel * n_out * variants >= n_k
     visited = n_q if (geometry_all or taxonomy_all) else 1
     small = batch * heads * visited * n_k < (1 << 17)
     previous = numba.get_num_threads()
     numba.set_num_threads(1 if small else max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     try:
         ns_array = np.asarray(ns, dtype=np.int64)
-        gram_bytes = n_k * n_k * values.element_size() if use_gram else 0
-        for b_sl, kv_sl in _gram_blocks(batch, n_kv, gram_bytes):
+        for b_sl, kv_sl in blocks:
             h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
             block = values[b_sl, kv_sl]
-            gram = (block @ block.transpose(-1, -2)).contiguous() if use_gram else values[:1, :1, :1, :1]
+            if whole_gram is not None:
+                gram = whole_gram
+            elif use_gram:
+                gram = (block @ block.transpose(-1, -2)).contiguous()
+            else:
+                gram = values[:1, :1, :1, :1]
 
             def view(x, heads_axis=1, b_sl=b_sl, h_sl=h_sl):
                 index = [slice(None)] * x.ndim
@@ -243,7 +285,7 @@ def _measure_fused(att, config: RunConfig, random_scores: Tensor | None) -> Laye
                 geometry_all, taxonomy_all, block.numpy(), value_sq[b_sl, kv_sl].numpy(),
                 value_norm[b_sl, kv_sl].numpy(), gram.numpy(), use_gram, ns_array,
                 0 if config.ranking == "attention" else 1, config.exclude_sink, config.distance == "euclidean", group,
-                scores[:, b_sl, h_sl].numpy(), config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(), slack_scale,
+                keys[b_sl], repeats, config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(), slack_scale,
                 row_sum[b_sl, h_sl].numpy(), negatives[b_sl, h_sl].numpy(), visible_sum[b_sl, h_sl].numpy(),
                 votes[b_sl, h_sl].numpy(), offsets[b_sl, h_sl].numpy(),
                 *(view(metric[name]) for name in ("precision", "recall", "f", "margin", "inversions")),

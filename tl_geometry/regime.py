@@ -83,10 +83,17 @@ def _unit(values: Tensor) -> Tensor:
     return values / values.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
 
 
-def _nonsink_cosines(values: Tensor, nonsink: Tensor) -> tuple[Tensor, Tensor]:
-    """|cos| between non-sink pairs ``[batch, kv, key, key]`` (0 off the pairs) and the pair mask."""
-    unit = _unit(values)
-    cos = (unit @ unit.transpose(-1, -2)).abs()
+def _nonsink_cosines(values: Tensor, nonsink: Tensor, gram: Tensor | None = None,
+                     norms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """|cos| between non-sink pairs ``[batch, kv, key, key]`` (0 off the pairs) and the pair mask;
+    from the Gram matrix ``V Vᵀ`` and the norms when the caller has them (one matmul less)."""
+    if gram is None:
+        unit = _unit(values)
+        cos = (unit @ unit.transpose(-1, -2)).abs()
+    else:
+        tiny = torch.finfo(values.dtype).tiny
+        norms = norms.clamp_min(tiny)
+        cos = (gram / norms[..., :, None] / norms[..., None, :]).abs()
     n_k = values.shape[2]
     pairs = nonsink[:, None, :, None] & nonsink[:, None, None, :] & ~torch.eye(n_k, dtype=torch.bool, device=values.device)
     return torch.where(pairs, cos, 0.0), pairs
@@ -94,23 +101,67 @@ def _nonsink_cosines(values: Tensor, nonsink: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class ValueStatistics:
-    """Per-key statistics of one layer's values that the fit, the envelope and the sink
-    diagnostics share (computed once): ``norms`` and ``cosines`` (cos(v_0, v_j)) ``[batch, kv, key]``,
-    ``nonsink`` ``[batch, key]`` (real keys j > 0), ``abs_cos`` ``[batch, kv, key, key]`` (|cos| of
-    non-sink pairs, 0 elsewhere) and their mask ``pairs``."""
+    """Statistics of one layer's values that the fit, the envelope and the sink diagnostics share
+    (computed once). ``norms`` and ``cosines`` (cos(v_0, v_j)) ``[batch, kv, key]``; ``nonsink``
+    ``[batch, key]`` (real keys j > 0); over non-sink pairs i ≠ j: ``newest`` ``[batch, kv, key]``
+    (``max_{i<t} |cos(v_t, v_i)|``, 0 without such a pair), ``coherence_max`` and ``coherence_mean``
+    ``[batch, kv]`` (NaN without pairs)."""
 
     norms: Float[Tensor, "batch kv key"]
     cosines: Float[Tensor, "batch kv key"]
     nonsink: Bool[Tensor, "batch key"]
-    abs_cos: Float[Tensor, "batch kv key key"]
-    pairs: Bool[Tensor, "batch 1 key key"]
+    newest: Float[Tensor, "batch kv key"]
+    coherence_max: Float[Tensor, "batch kv"]
+    coherence_mean: Float[Tensor, "batch kv"]
 
 
-def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Tensor, "batch key"]) -> ValueStatistics:
-    """:class:`ValueStatistics` of ``[batch, kv, key, d]`` values (float32 or wider)."""
+def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Tensor, "batch key"],
+                     gram: Float[Tensor, "batch kv key key"] | None = None) -> ValueStatistics:
+    """:class:`ValueStatistics` of ``[batch, kv, key, d]`` values (float32 or wider).
+
+    On the CPU the pair statistics come from the Gram matrix ``V Vᵀ`` (the caller's ``gram``, or
+    one per block of sequences) in one numba pass that never holds the ``[key, key]`` cosine
+    matrix; elsewhere from that matrix in torch."""
     norms, cosines, nonsink = value_norms_and_sink_cosines(values, key_mask)
-    abs_cos, pairs = _nonsink_cosines(values, nonsink)
-    return ValueStatistics(norms, cosines, nonsink, abs_cos, pairs)
+    n_nonsink = nonsink.sum(-1, keepdim=True)
+    n_pairs = n_nonsink * (n_nonsink - 1)  # ordered pairs i ≠ j, [batch, 1]
+    pairs = _pair_statistics_fused(values, norms, nonsink, gram)
+    if pairs is None:
+        abs_cos, _ = _nonsink_cosines(values, nonsink, gram, norms)
+        newest = abs_cos.tril(-1).amax(-1)  # |cos| of (i, j) counts from prefix max(i, j) on
+        pairs = newest, abs_cos.amax((-1, -2)), abs_cos.sum((-1, -2))
+    newest, largest, total = pairs
+    nan = torch.tensor(torch.nan, dtype=norms.dtype, device=norms.device)
+    return ValueStatistics(norms, cosines, nonsink, newest, torch.where(n_pairs > 0, largest, nan), total / n_pairs)
+
+
+def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram: Tensor | None):
+    """(newest, max, sum of |cos| over ordered non-sink pairs) by the numba kernel; None where it
+    does not apply (not a CPU tensor, or numba missing)."""
+    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
+        return None
+    try:
+        from .layer_kernel import pair_cosine_statistics
+    except ImportError:
+        return None
+    from .metrics import _gram_blocks
+
+    batch, n_kv, n_k, _ = values.shape
+    newest = torch.zeros(batch, n_kv, n_k, dtype=values.dtype)
+    largest = torch.zeros(batch, n_kv, dtype=values.dtype)
+    total = torch.zeros(batch, n_kv, dtype=torch.float64)
+    norms, nonsink = norms.contiguous(), nonsink.contiguous()
+    blocks = [(slice(0, batch), slice(0, n_kv))] if gram is not None else \
+        _gram_blocks(batch, n_kv, n_k * n_k * values.element_size())
+    for b_sl, kv_sl in blocks:
+        if gram is None:
+            block = values[b_sl, kv_sl]
+            block_gram = (block @ block.transpose(-1, -2)).contiguous()
+        else:
+            block_gram = gram.contiguous()
+        pair_cosine_statistics(block_gram.numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(),
+                               newest[b_sl, kv_sl].numpy(), largest[b_sl, kv_sl].numpy(), total[b_sl, kv_sl].numpy())
+    return newest, largest, total.to(values.dtype)
 
 
 def fit_regime(
@@ -140,16 +191,14 @@ def fit_from_statistics(stats: ValueStatistics) -> RegimeFit:
     mask = nonsink[:, None, :]
     c = torch.where(mask, norms, nan).nanmean(-1)
     spread = (torch.where(mask, (norms - c[..., None]) ** 2, nan).nanmean(-1)).sqrt() / c
-    abs_cos, pairs = stats.abs_cos, stats.pairs
-    n_pairs = pairs.sum((-1, -2))
     align = torch.where(mask, cosines, nan)
     positive = (align > 0).sum(-1) / mask.sum(-1)
     return RegimeFit(
         c=c, c_spread=spread,
         c_min=torch.where(mask, norms, torch.inf).amin(-1), c_max=torch.where(mask, norms, -torch.inf).amax(-1),
         c0=norms[..., 0],
-        coherence_max=torch.where(n_pairs > 0, abs_cos.amax((-1, -2)), nan),
-        coherence_mean=abs_cos.sum((-1, -2)) / n_pairs,
+        coherence_max=stats.coherence_max,
+        coherence_mean=stats.coherence_mean,
         sink_alignment=align.nanmean(-1),
         alignment_min=torch.where(mask, cosines, torch.inf).amin(-1),
         alignment_max=torch.where(mask, cosines, -torch.inf).amax(-1),
@@ -173,8 +222,8 @@ def envelope_from_statistics(stats: ValueStatistics) -> dict[str, Float[Tensor, 
     """:func:`regime_envelope` from precomputed :class:`ValueStatistics`."""
     norms, cosines, nonsink = stats.norms, stats.cosines, stats.nonsink
     mask = nonsink[:, None, :]
-    # |cos| of pair (i, j) counts from prefix max(i, j) on: row max over i < j, then a running max.
-    newest = stats.abs_cos.tril(-1).amax(-1)
+    # |cos| of pair (i, j) counts from prefix max(i, j) on: a running max of the newest pairs.
+    newest = stats.newest
     return {
         "c_lo": torch.where(mask, norms, torch.inf).cummin(-1).values,
         "c_hi": torch.where(mask, norms, -torch.inf).cummax(-1).values,
