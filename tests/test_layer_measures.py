@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_geometry.adapters import LayerAttention, align_value_heads
+from tl_geometry.adapters import LayerAttention
 from tl_geometry.config import RunConfig
 from tl_geometry.layer_measures import RandomDraws, measure_layer
 
@@ -15,8 +15,8 @@ from .inputs import random_attention
 def layer(batch=2, heads=4, kv=2, pos=9, d=5, seed=0, lengths=None, dtype=torch.float32):
     pattern, v, key_mask = random_attention(batch, heads, kv, pos, d=d, seed=seed, lengths=lengths, dtype=dtype,
                                             peaked=2.0)
-    return LayerAttention(layer=0, pattern=pattern, v=align_value_heads(v, heads), key_mask=key_mask,
-                          query_mask=key_mask.clone(), has_bos=torch.ones(batch, dtype=torch.bool), n_kv_heads=kv)
+    return LayerAttention(layer=0, pattern=pattern, kv_values=v, key_mask=key_mask, query_mask=key_mask.clone(),
+                          has_bos=torch.ones(batch, dtype=torch.bool))
 
 
 def draws(batch, repeats, seed=0):

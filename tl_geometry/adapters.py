@@ -26,6 +26,7 @@ import importlib.metadata
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -69,34 +70,35 @@ class LayerAttention:
     Attributes:
         layer: layer index.
         pattern: ``[batch, head, query, key]`` post-softmax weights.
-        v: ``[batch, key, head, d_head]`` value vectors aligned to *query* heads
-            (kv head ``h // (n_heads // n_kv_heads)``, i.e. ``repeat_interleave``).
+        kv_values: ``[batch, key, kv_head, d_head]`` value vectors of the model's own kv heads, as
+            ``hook_v`` gives them (query head ``h`` reads kv head ``h // heads_per_kv``).
         key_mask: ``[batch, key]`` True for real (non-pad) tokens.
         query_mask: ``[batch, query]`` True for real (non-pad) query rows.
         has_bos: ``[batch]`` True where token 0 is the tokenizer's BOS (the sink).
-        n_kv_heads: number of kv heads the model actually has.
     """
 
     layer: int
     pattern: Float[Tensor, "batch head query key"]
-    v: Float[Tensor, "batch key head d_head"]
+    kv_values: Float[Tensor, "batch key kv_head d_head"]
     key_mask: Bool[Tensor, "batch key"]
     query_mask: Bool[Tensor, "batch query"]
     has_bos: Bool[Tensor, " batch"]
-    n_kv_heads: int
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Number of kv heads the model has (= query heads without GQA)."""
+        return self.kv_values.shape[2]
 
     @property
     def heads_per_kv(self) -> int:
         """Query heads reading each kv head (1 without GQA)."""
-        return self.v.shape[2] // self.n_kv_heads
+        return self.pattern.shape[1] // self.n_kv_heads
 
-    @property
-    def kv_values(self) -> Float[Tensor, "batch key kv_head d_head"]:
-        """The model's own kv heads (a view of ``v``, which repeats each one per query head).
-
-        Geometry functions accept either; per-kv-head work (Gram matrices, norms) is done once.
-        """
-        return self.v[:, :, :: self.heads_per_kv]
+    @cached_property
+    def v(self) -> Float[Tensor, "batch key head d_head"]:
+        """Values aligned to *query* heads (``repeat_interleave``): a copy made on first use only;
+        the analysis itself reads ``kv_values``."""
+        return align_value_heads(self.kv_values, self.pattern.shape[1])
 
 
 @dataclass
@@ -262,8 +264,12 @@ def _build_layer(
         )
     dtype = torch.promote_types(pattern.dtype, torch.float32)
     pattern = pattern.detach().to(dtype)
-    n_kv = v.shape[2]
-    v = align_value_heads(v.detach().to(dtype), n_heads)
+    v = v.detach().to(dtype)
+    if n_heads % v.shape[2]:
+        raise ValueError(
+            f"hook_v has {v.shape[2]} kv heads, which does not divide the pattern's {n_heads} query heads; "
+            "pass hook_v and hook_pattern of the same layer and model."
+        )
     mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if mask is None else _check_mask(
         mask.to(pattern.device), batch, n_k
     )
@@ -276,11 +282,10 @@ def _build_layer(
     return LayerAttention(
         layer=layer,
         pattern=pattern,
-        v=v,
+        kv_values=v,
         key_mask=mask,
         query_mask=mask.clone(),
         has_bos=has_bos.to(pattern.device),
-        n_kv_heads=n_kv,
     )
 
 

@@ -10,7 +10,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,9 +22,9 @@ from torch import Tensor
 
 from .adapters import describe_model, stream_layers
 from .config import Distance, Queries, Ranking, RunConfig
-from .distributed import gather_analysis, shard_indices, world
+from .distributed import all_gather_objects, all_reduce, shard_indices, world
 from .geometry import GeometryResult, SeparabilityAccumulator
-from .io import load_tensors, save_tensors
+from .io import head_name, load_tensors, save_tensors, token_digest
 from .layer_measures import measure_layer
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
@@ -49,7 +48,7 @@ class Analysis:
         layers, heads = tax.shape
         grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
         table: dict[str, Any] = {"layer": grid[:, 0].numpy(), "head": grid[:, 1].numpy()}
-        table["name"] = [f"L{a}H{b}" for a, b in grid.tolist()]
+        table["name"] = [head_name(a, b) for a, b in grid.tolist()]
         table["regime"] = tax.labels.reshape(-1)
         for i, vote in enumerate(VOTES):
             table[f"share_{vote}"] = tax.shares[..., i].reshape(-1).double().numpy()
@@ -258,10 +257,7 @@ def analyze(
     }
     done, save = 0, None
     if checkpoint is not None:
-        digest = hashlib.sha256(tokens.cpu().numpy().tobytes())
-        if attention_mask is not None:
-            digest.update(attention_mask.cpu().numpy().tobytes())
-        state = Checkpoint(checkpoint, {**settings, "batch_size": batch_size, "tokens": digest.hexdigest(),
+        state = Checkpoint(checkpoint, {**settings, "batch_size": batch_size, "tokens": token_digest(tokens, attention_mask),
                                         "window_ids": window_ids.tolist()})
         done = state.restore(geometry, taxonomy)
         if done % batch_size and done < tokens.shape[0]:
@@ -274,6 +270,25 @@ def analyze(
                     first=done)
     result = Analysis(geometry.result(settings, allow_empty=world_size > 1), taxonomy.result(settings))
     return gather_analysis(result) if world_size > 1 else result
+
+
+def gather_analysis(analysis: Analysis) -> Analysis:
+    """Merge the shards of every rank into the result of one run over all windows (on every rank)."""
+    size = world()[1]
+    if size == 1:
+        return analysis
+    votes = all_reduce(analysis.taxonomy.votes.clone())
+    offsets = all_reduce(analysis.taxonomy.offsets.clone())
+    geo = analysis.geometry
+    merged = None
+    for per_sequence, ids in all_gather_objects((geo.per_sequence, geo.window_ids)):
+        if ids.numel() == 0:
+            continue
+        part = GeometryResult(geo.n, per_sequence, ids, dict(geo.settings))
+        merged = part if merged is None else merged.merge(part)
+    merged.settings["n_windows"] = int(merged.window_ids.numel())
+    merged.settings["world_size"] = size
+    return Analysis(merged, HeadTaxonomy(votes, offsets, dict(analysis.taxonomy.settings, world_size=size)))
 
 
 def analyze_separability(

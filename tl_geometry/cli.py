@@ -32,6 +32,15 @@ def _parse_n(text: str) -> tuple[int, ...]:
     return values
 
 
+def _parse_repeats(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise CliError(f"--repeats must be 'auto' or an integer ≥ 0; got {text!r}") from None
+
+
 def _writable_folder(out: Path) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +123,7 @@ def _model_options(args: argparse.Namespace) -> dict:
 
 def _analyze(args: argparse.Namespace) -> None:
     from .analysis import analyze
+    from .config import RunConfig
     from .corpus import load_corpus, make_windows
     from .distributed import init_from_env
     from .models import BUNDLED_MODELS, load_model
@@ -125,6 +135,10 @@ def _analyze(args: argparse.Namespace) -> None:
     if args.model not in BUNDLED_MODELS and "/" not in args.model:
         raise CliError(f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
     ns = _parse_n(args.n)
+    try:
+        config = RunConfig(n=ns, queries=args.queries, repeats=_parse_repeats(args.repeats), seed=args.seed)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     if max(ns) >= args.seq_len:
         raise CliError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: N must be < the number of sources")
     out = _writable_folder(Path(args.out or f"runs/{args.model}-{Path(str(args.corpus)).stem}"))
@@ -140,10 +154,8 @@ def _analyze(args: argparse.Namespace) -> None:
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
-    analysis = analyze(
-        model, windows.tokens, ns, queries=args.queries, repeats=args.repeats, seed=args.seed,
-        batch_size=args.batch_size, checkpoint=checkpoint, progress=not args.quiet,
-    )
+    analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=checkpoint,
+                       progress=not args.quiet)
     if rank > 0:  # rank 0 writes the results and the report
         return
     result = analysis.geometry
@@ -180,6 +192,7 @@ def _prune(args: argparse.Namespace) -> None:
         single_head_scan,
         topn_deletion,
     )
+    from .io import head_name
     from .models import load_model
 
     run = _writable_folder(_run_folder(args.run))
@@ -205,7 +218,7 @@ def _prune(args: argparse.Namespace) -> None:
     scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
     scan = single_head_scan(model, scan_tokens, checkpoint=run / "scan_checkpoint.json", progress=not args.quiet)
     grid = [(layer, head) for layer in range(scan.shape[0]) for head in range(scan.shape[1])]
-    pd.DataFrame({"layer": [g[0] for g in grid], "head": [g[1] for g in grid], "name": [f"L{a}H{b}" for a, b in grid],
+    pd.DataFrame({"layer": [g[0] for g in grid], "head": [g[1] for g in grid], "name": [head_name(a, b) for a, b in grid],
                   "delta_nll": scan.flatten().double().numpy()}).to_csv(run / "single_head_scan.csv", index=False)
     rows = []
     for renormalise in (False, True):
@@ -233,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--n", "--n-values", dest="n", default="1,2,4,8,16,32",
                          help="comma-separated N values (spell it --n-values under torchrun, whose parser claims --n)")
     analyze.add_argument("--queries", choices=["last", "all"], default="last")
-    analyze.add_argument("--repeats", type=int, default=16, help="random rankings per query")
+    analyze.add_argument("--repeats", default="auto",
+                         help="random rankings per query, or auto (default): 16 with --queries last, one per "
+                              "query with --queries all (at least 16 draws per window and head)")
     analyze.add_argument("--batch-size", type=int, default=8)
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default=None, help="run folder (default runs/MODEL-CORPUS)")

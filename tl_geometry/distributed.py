@@ -3,7 +3,8 @@
 Every result is a set of per-window values plus vote counts, and the random baseline is seeded per
 (run seed, window, layer), so a run split into shards and merged equals the single-process run.
 Rank ``r`` of ``K`` takes windows ``r, r + K, r + 2K, …``; the shards meet with two collectives
-(``all_reduce`` of the vote counts, ``all_gather_object`` of the per-window tensors).
+(:func:`all_reduce` of the vote counts, :func:`all_gather_objects` of the per-window tensors),
+which ``tl_geometry.analysis`` uses to merge them. This module knows only the process group.
 
 Example (2 processes on CPU)::
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["world", "init_from_env", "shard_indices", "gather_analysis"]
+__all__ = ["world", "init_from_env", "shard_indices", "all_reduce", "all_gather_objects"]
 
 
 def world() -> tuple[int, int]:
@@ -47,28 +48,18 @@ def shard_indices(n_windows: int, rank: int, world_size: int) -> torch.Tensor:
     return torch.arange(rank, n_windows, world_size)
 
 
-def gather_analysis(analysis: Any) -> Any:
-    """Merge the shards of every rank into the result of one run over all windows (on every rank)."""
+def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum of ``tensor`` over the ranks (in place; returned)."""
     import torch.distributed as dist
 
-    from .analysis import Analysis
+    dist.all_reduce(tensor)
+    return tensor
 
-    rank, size = world()
-    if size == 1:
-        return analysis
-    votes, offsets = analysis.taxonomy.votes.clone(), analysis.taxonomy.offsets.clone()
-    dist.all_reduce(votes)
-    dist.all_reduce(offsets)
-    shards: list[Any] = [None] * size
-    geo = analysis.geometry
-    dist.all_gather_object(shards, (geo.per_sequence, geo.window_ids))
-    merged = None
-    for per_sequence, ids in shards:
-        if ids.numel() == 0:
-            continue
-        part = type(geo)(geo.n, per_sequence, ids, dict(geo.settings))
-        merged = part if merged is None else merged.merge(part)
-    merged.settings["n_windows"] = int(merged.window_ids.numel())
-    merged.settings["world_size"] = size
-    taxonomy = type(analysis.taxonomy)(votes, offsets, dict(analysis.taxonomy.settings, world_size=size))
-    return Analysis(merged, taxonomy)
+
+def all_gather_objects(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world()[1]
+    dist.all_gather_object(out, value)
+    return out

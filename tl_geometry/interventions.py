@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from .adapters import (
     stream_layers,
     z_hook_name,
 )
+from .io import token_digest
 from .metrics import top_order
 from .taxonomy import HeadTaxonomy
 
@@ -331,12 +331,9 @@ def pruning_curve(
 
 
 def _scan_key(model, tokens, mask, mode) -> str:
-    digest = hashlib.sha256(tokens.numpy().tobytes())
-    if mask is not None:
-        digest.update(mask.numpy().tobytes())
     info = describe_model(model)
     return json.dumps({"model": info.model_name, "shape": [info.n_layers, info.n_heads], "mode": mode,
-                       "tokens": digest.hexdigest()})
+                       "tokens": token_digest(tokens, mask)})
 
 
 def single_head_scan(

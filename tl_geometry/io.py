@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["save_tensors", "load_tensors"]
+__all__ = ["save_tensors", "load_tensors", "head_name", "token_digest"]
 
 
 def save_tensors(path: str | Path, kind: str, tensors: dict[str, Tensor], **metadata: Any) -> None:
@@ -29,3 +29,18 @@ def load_tensors(path: str | Path, kind: str) -> tuple[dict[str, Tensor], dict[s
             raise ValueError(f"{path} does not hold a {kind} (kind={meta.get('kind')!r}).")
         tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
     return tensors, {key: json.loads(value) for key, value in meta.items() if key != "kind"}
+
+
+def head_name(layer: int, head: int) -> str:
+    """The name of a head in every table and plot: ``L{layer}H{head}``."""
+    return f"L{layer}H{head}"
+
+
+def token_digest(tokens: Tensor, mask: Tensor | None = None) -> str:
+    """SHA-256 of token ids (and the attention mask) on any device: the key of resumable runs."""
+    import hashlib
+
+    digest = hashlib.sha256(tokens.detach().cpu().numpy().tobytes())
+    if mask is not None:
+        digest.update(mask.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()

@@ -201,11 +201,11 @@ def _positions(att, queries: str) -> Tensor:
 
 
 def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerMeasures:
-    import numba
     import numpy as np
 
     from .layer_kernel import layer_rows
     from .metrics import _check_distribution, _gram_blocks, query_positions, squared_value_norms
+    from .separability_kernel import numba_threads
 
     pattern = att.pattern.detach()
     if pattern.dtype not in (torch.float32, torch.float64):
@@ -261,9 +261,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
 
     visited = n_q if (geometry_all or taxonomy_all) else 1
     small = batch * heads * visited * n_k < (1 << 17)
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1 if small else max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-    try:
+    with numba_threads(1 if small else torch.get_num_threads()):
         ns_array = np.asarray(ns, dtype=np.int64)
         for b_sl, kv_sl in blocks:
             h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
@@ -293,8 +291,6 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
                 *(view(metric[name]) for name in ("align_sink", "align_current", "bound_p", "bound_r", "f_nosink")),
                 view(random_sum, 2),
             )
-    finally:
-        numba.set_num_threads(previous)
     # Distribution checks of every visited row (one pass gave their statistics).
     rows = torch.arange(n_q)[None].expand(batch, -1) if visited == n_q else last[:, None]
     gather = rows[:, None, :].expand(batch, heads, -1)

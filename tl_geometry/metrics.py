@@ -328,9 +328,7 @@ def _gram_blocks(batch: int, kv: int, gram_bytes: int) -> list[tuple[slice, slic
 def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclude_sink, key_mask, query_mask, dtype,
                         gram_cache):
     """CPU backend: one numba kernel per batch slice (see ``separability_kernel``)."""
-    import numba
-
-    from .separability_kernel import separability_rows, squared_norms
+    from .separability_kernel import numba_threads, squared_norms
 
     batch, heads, _, _ = pattern.shape
     n_sel = qpos.shape[1]
@@ -346,7 +344,6 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
     else:
         mode, scores = (0 if ranking == "attention" else 1), rows[:1, :1, :1, :1]
     # A Gram matrix V Vᵀ per kv head pays off when many query rows read it (``queries="all"``).
-    kv = values.shape[1]
     use_gram = group * n_sel * len(ns) >= k_hi
     out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype) for name in _METRIC_FIELDS}
     sink = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool)
@@ -355,8 +352,20 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
     # Small jobs (e.g. the last query only) run on one thread: waking the pool costs more, and its
     # spinning workers would slow torch's next operations.
     threads = 1 if batch * heads * n_sel * k_hi < _PARALLEL_ELEMENTS else torch.get_num_threads()
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     ns_array = np.asarray(ns, dtype=np.int64)
+    with numba_threads(threads):
+        _fused_blocks(rows, scores, mode, qpos, q_valid, key_mask, values, value_sq, ns_array, exclude_sink, distance,
+                      group, use_gram, gram_cache, dtype, out, sink, stats)
+    _check_distribution(stats[0], stats[1] > 0, stats[2], q_valid)
+    return {**out, "sink_selected": sink}
+
+
+def _fused_blocks(rows, scores, mode, qpos, q_valid, key_mask, values, value_sq, ns_array, exclude_sink, distance,
+                  group, use_gram, gram_cache, dtype, out, sink, stats):
+    """The kernel over (batch, kv head) blocks whose Gram matrices fit ``_GRAM_BYTES``."""
+    from .separability_kernel import separability_rows
+
+    batch, kv, k_hi = values.shape[0], values.shape[1], values.shape[2]
     for b_sl, kv_sl in _gram_blocks(batch, kv, k_hi * k_hi * values.element_size() if use_gram else 0):
         h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
         if not use_gram:
@@ -376,8 +385,6 @@ def _separability_fused(pattern, v, ns, distance, ranking, qpos, all_rows, exclu
             *(out[name][b_sl, h_sl].numpy() for name in _METRIC_FIELDS), sink[b_sl, h_sl].numpy(),
             *(stat[b_sl, h_sl].numpy() for stat in stats),
         )
-    _check_distribution(stats[0], stats[1] > 0, stats[2], q_valid)
-    return {**out, "sink_selected": sink}
 
 
 def _separability_torch(pattern, v, ns, distance, ranking, qpos, all_rows, exclude_sink, key_mask, query_mask,

@@ -179,11 +179,22 @@ def _build_cache(spec: BundledModel, folder: Path) -> None:
 
 
 def _load_bundled(spec: BundledModel, device, dtype: torch.dtype):
-    from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
+    # Loading shows our own progress, not Hugging Face's bars; the caller's setting comes back after.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return _load_bundled_quietly(spec, device, dtype)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_bundled_quietly(spec: BundledModel, device, dtype: torch.dtype):
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     folder = model_cache_path(spec.name)
     with _offline_hub():
         if not _cache_is_valid(folder):

@@ -21,6 +21,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from .analysis import Analysis
+from .io import head_name
 from .taxonomy import REGIMES, HeadTaxonomy
 
 __all__ = ["REGIME_COLORS", "safe_text", "head_map", "separability_curves", "sink_plots", "regime_fractions",
@@ -75,7 +76,7 @@ def head_map(res: Analysis, color: str = "regime", n: int | None = None,
     n_at, n_value = _n_index(res, n)
     layers, heads = res.taxonomy.shape
     grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
-    names = [f"L{a}H{b}" for a, b in grid.tolist()]
+    names = [head_name(a, b) for a, b in grid.tolist()]
     hover = _head_hover(res, n_at, delta_nll)
     fig = go.Figure()
     marker = {"symbol": "square", "size": max(8, min(28, 480 // max(heads, layers))), "line": {"width": 0.5, "color": "white"}}
@@ -120,8 +121,6 @@ def _model_series(per_sequence: torch.Tensor, heads_mask: torch.Tensor | None = 
 def separability_curves(res: Analysis) -> go.Figure:
     """F_N, P_N and R_N against N: top-N vs random with 95% bootstrap bands (all heads), and the
     top-N curve of each regime."""
-    from .geometry import bootstrap_ci
-
     geo, tax = res.geometry, res.taxonomy
     ns = list(geo.n)
     fig = make_subplots(rows=1, cols=3, subplot_titles=("F_N", "precision P_N", "recall R_N"), shared_yaxes=True)
@@ -129,7 +128,7 @@ def separability_curves(res: Analysis) -> go.Figure:
         for source, dash in (("top", "solid"), ("random", "dash")):
             series = _model_series(geo.per_sequence[f"{metric}_{source}"])
             mean = series.nanmean(0)
-            band = bootstrap_ci(series, replicates=int(geo.settings.get("bootstrap", 2000)), seed=0)
+            band = geo._bootstrap(series)  # the run's replicates and seed, as summary.csv
             name = f"all heads, {'top-N' if source == 'top' else 'random'}"
             fig.add_trace(go.Scatter(x=ns + ns[::-1], y=band[:, 1].tolist() + band[:, 0].flip(0).tolist(),
                                      fill="toself", line={"width": 0}, fillcolor="rgba(100,100,100,0.15)",
@@ -282,6 +281,6 @@ def head_drilldown(model: Any, text: str, layer: int, head: int, n: int = 4, *, 
     fig.update_xaxes(title="source position", row=1, col=1)
     fig.update_yaxes(title="α", row=1, col=1)
     fig.update_yaxes(scaleanchor="x2", scaleratio=1, row=1, col=2)
-    fig.update_layout(title=f"L{layer}H{head}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, margin {rho_min - rho_max:+.3f}",
+    fig.update_layout(title=f"{head_name(layer, head)}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, margin {rho_min - rho_max:+.3f}",
                       template="plotly_white", height=440)
     return fig

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -37,6 +38,18 @@ os.environ.setdefault("NUMBA_NUM_THREADS", str(torch.get_num_threads()))
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+
+
+@contextmanager
+def numba_threads(threads: int):
+    """Run numba's parallel loops on ``threads`` threads (at most its pool), restoring the caller's setting."""
+    previous = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
+
 
 # Rows per parallel task: each task allocates its scratch arrays once.
 _ROWS_PER_TASK = 64

@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .io import load_tensors, save_tensors
+from .io import head_name, load_tensors, save_tensors
 from .metrics import query_rows
 
 __all__ = ["REGIMES", "VOTES", "winner_sources", "vote_counts", "votes_from_winners", "offset_counts", "HeadTaxonomy",
@@ -161,7 +161,7 @@ class HeadTaxonomy:
 
         layers, heads = self.shape
         grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads)).numpy()
-        base = {"layer": grid[:, 0], "head": grid[:, 1], "name": [f"L{a}H{b}" for a, b in grid],
+        base = {"layer": grid[:, 0], "head": grid[:, 1], "name": [head_name(a, b) for a, b in grid],
                 "regime": self.labels.reshape(-1)}
         metrics = {f"votes_{k}": self.votes[..., i] for i, k in enumerate(VOTES)}
         metrics.update({f"share_{k}": self.shares[..., i] for i, k in enumerate(VOTES)})
@@ -213,7 +213,7 @@ class TaxonomyAccumulator:
 
     def add_layer(self, att) -> None:
         """``att``: a :class:`tl_geometry.adapters.LayerAttention`."""
-        winners, qpos = _winners(att.pattern, att.v, self.queries, att.key_mask, att.query_mask)
+        winners, qpos = _winners(att.pattern, att.kv_values, self.queries, att.key_mask, att.query_mask)
         self.votes[att.layer] += votes_from_winners(winners, qpos).sum(0).cpu()
         self.offsets[att.layer] += offset_counts(winners, qpos, self.offsets.shape[-1]).sum(0).cpu()
 
