@@ -18,6 +18,7 @@ lint: setup
 	$(PY) -m ruff check tl_geometry tests benchmarks demos
 
 bench: setup
+	$(PY) -m benchmarks.bench_analysis
 	$(PY) -m benchmarks.bench_stream
 	$(PY) -m benchmarks.bench_separability
 	$(PY) -m benchmarks.bench_scaling

@@ -154,8 +154,11 @@ def _analyze(args: argparse.Namespace) -> None:
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
+    started = time.perf_counter()
     analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=checkpoint,
                        progress=not args.quiet)
+    say(f"analysed {windows.tokens.numel()} tokens at {windows.tokens.numel() / (time.perf_counter() - started):.0f} "
+        "tokens/s (model forward included)")
     if rank > 0:  # rank 0 writes the results and the report
         return
     result = analysis.geometry
