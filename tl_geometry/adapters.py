@@ -41,13 +41,8 @@ __all__ = [
     "read_layer",
     "stream_layers",
     "align_value_heads",
-    "z_hook_name",
-    "add_hooks",
-    "remove_hooks",
     "attention_weights",
     "sequence_nll",
-    "pattern_override_hooks",
-    "sink_redirect_hooks",
 ]
 
 # Architectures whose value projection has a bias: folding it into b_O changes v_i.
@@ -435,32 +430,6 @@ def stream_layers(
     return info
 
 
-def z_hook_name(layer: int) -> str:
-    """Hook of the per-head attention output before ``W_O``, ``[batch, pos, head, d_head]``."""
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def add_hooks(model: Any, fwd_hooks: Iterable[tuple[str, Callable]]) -> list[tuple[Any, Any]]:
-    """Attach forward hooks and return handles that remove exactly these hooks (and no hook of
-    the user's), on every model class: ``[(hook_point, handle), ...]``."""
-    handles = []
-    for name, fn in fwd_hooks:
-        if name not in model.hook_dict:
-            raise KeyError(f"model has no hook point {name!r}")
-        point = model.hook_dict[name]
-        point.add_hook(fn)
-        handles.append((point, point.fwd_hooks[-1]))  # TransformerLens 2.x/3.x add_hook returns None
-    return handles
-
-
-def remove_hooks(handles: list[tuple[Any, Any]]) -> None:
-    """Remove hooks added by :func:`add_hooks`."""
-    for point, handle in handles:
-        handle.hook.remove()
-        if handle in point.fwd_hooks:
-            point.fwd_hooks.remove(handle)
-
-
 def attention_weights(model: Any, layer: int) -> dict[str, Tensor]:
     """Per *query* head weight slices of one layer: ``W_Q``, ``W_K``, ``W_V`` ``[head, d_model, d_head]``
     (K and V of the kv head the query head reads, expanded under GQA) and ``W_O`` ``[head, d_head, d_model]``.
@@ -504,64 +473,3 @@ def sequence_nll(
     real = torch.ones_like(nll, dtype=torch.bool) if attention_mask is None else \
         attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
     return torch.where(real, nll, 0.0).sum(-1), real.sum(-1)
-
-
-def pattern_override_hooks(layer: int, fn: Callable[[Tensor], Tensor]) -> list[tuple[str, Callable]]:
-    """Hooks that replace one layer's attention pattern by ``fn(pattern)`` *and* make the head
-    outputs follow it.
-
-    ``hook_z`` is recomputed as ``pattern' @ v`` from the layer's ``hook_v`` (kv heads aligned to
-    query heads), so the override does not depend on whether the model consumes the hooked
-    pattern. The 3.x TransformerBridge fires ``hook_pattern`` only after the head outputs (it
-    reports the pattern, it does not use it); there the hooks raise a clear error.
-    """
-    pattern_name, v_name = hook_names(layer)
-    state: dict[str, Tensor] = {}
-
-    def keep_v(v: Tensor, hook=None) -> None:
-        state["v"] = v
-
-    def override(pattern: Tensor, hook=None) -> Tensor:
-        state["pattern"] = fn(pattern)
-        return state["pattern"]
-
-    def recompute_z(z: Tensor, hook=None) -> Tensor:
-        if "pattern" not in state:
-            raise RuntimeError(
-                "this model computes the head outputs (hook_z) before it reports hook_pattern (the TransformerLens "
-                "3.x TransformerBridge), so an attention pattern cannot be overridden; use TransformerLens 4.x or a "
-                "HookedTransformer."
-            )
-        pattern, v = state.pop("pattern"), state.pop("v")
-        v = v.repeat_interleave(pattern.shape[1] // v.shape[2], 2)  # [batch, key, head, d_head]
-        return torch.einsum("bhqk,bkhd->bqhd", pattern.to(v.dtype), v).to(z.dtype)
-
-    return [(v_name, keep_v), (pattern_name, override), (z_hook_name(layer), recompute_z)]
-
-
-def sink_redirect_hooks(layer: int, heads: list[int]) -> list[tuple[str, Callable]]:
-    """Hooks that redirect the attention of query ``heads`` of ``layer`` entirely to position 0.
-
-    The head output becomes ``v_0`` of the kv head it reads (set at ``hook_z`` from ``hook_v``,
-    exact on every model class) and ``hook_pattern`` shows the one-hot row to later observers.
-    """
-    pattern_name, v_name = hook_names(layer)
-    index = torch.tensor(heads)
-    state: dict[str, Tensor] = {}
-
-    def keep_v(v: Tensor, hook=None) -> None:
-        state["v0"] = v[:, :1]
-
-    def one_hot(pattern: Tensor, hook=None) -> Tensor:
-        pattern = pattern.clone()
-        pattern[:, index] = 0
-        pattern[:, index, :, 0] = 1
-        return pattern
-
-    def to_v0(z: Tensor, hook=None) -> Tensor:
-        v0 = state["v0"].repeat_interleave(z.shape[2] // state["v0"].shape[2], 2)  # [batch, 1, head, d_head]
-        z = z.clone()
-        z[:, :, index] = v0[:, :, index].to(z.dtype)
-        return z
-
-    return [(v_name, keep_v), (z_hook_name(layer), to_v0), (pattern_name, one_hot)]

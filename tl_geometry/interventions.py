@@ -25,17 +25,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .adapters import (
-    add_hooks,
-    attention_weights,
-    describe_model,
-    pattern_override_hooks,
-    remove_hooks,
-    sequence_nll,
-    sink_redirect_hooks,
-    stream_layers,
-    z_hook_name,
-)
+from .adapters import attention_weights, describe_model, sequence_nll, stream_layers
+from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, z_hook_name
 from .io import token_digest
 from .metrics import top_order
 from .taxonomy import HeadTaxonomy
