@@ -51,6 +51,7 @@ def numba_threads(threads: int):
         numba.set_num_threads(previous)
 
 
+_COS_EPS = 1e-12
 # Rows per parallel task: each task allocates its scratch arrays once.
 _ROWS_PER_TASK = 64
 
@@ -125,6 +126,139 @@ def _row_sum_and_negatives(row):
     return total, negatives
 
 
+@numba.njit(cache=True, nogil=True)
+def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, full,
+             alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
+             out_p, out_r, out_f, out_margin, out_inv, out_sink,
+             want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r):
+    """All N of one row's selection (``top_idx``; ``alpha``/``excluded`` from the selection): the
+    metric core that ``separability_rows`` and the analysis' ``layer_kernel`` share. ``full``:
+    margin, inversions, sink flag and (when asked) the alignments ``cos(s_N, v_0)``, ``cos(s_N, v_t)``
+    and the Theorem 1 certificates from the Gram bounds ``g[:, b, kv, t]``; otherwise P, R, F only.
+    Outputs indexed ``[j]`` per N (``ns`` distinct, increasing)."""
+    d = values.shape[3]
+    for k in range(t + 1):
+        proj[k] = 0.0
+        a = alpha[k]
+        y_size[k] = a * a * value_sq[b, kv, k] if euclidean else a * math.sqrt(value_sq[b, kv, k])
+    agg[:] = 0.0
+    n_prev = 0
+    sink_rank = ns[ns.shape[0] - 1]
+    for rank in range(min(sink_rank, n_cand)):
+        if top_idx[rank] == 0:
+            sink_rank = rank
+    diag_lo = diag_hi = pair_hi = pair_lo = sink_hi = sink_lo = sink_sq = slack = 0.0
+    if want_bounds:  # the regime's Gram bounds at this query (Lemma 1), shared by every N
+        diag_lo, diag_hi = g[0, b, kv, t], g[1, b, kv, t]
+        pair_hi, pair_lo = g[2, b, kv, t], g[3, b, kv, t]
+        sink_hi, sink_lo, sink_sq = g[4, b, kv, t], g[5, b, kv, t], g[6, b, kv, t]
+        slack = slack_scale * max(diag_hi, sink_sq)
+    for j in range(ns.shape[0]):
+        n = ns[j]
+        if n >= n_cand:  # no unselected candidate: undefined from here on
+            break
+        for rank in range(n_prev, n):
+            i = top_idx[rank]
+            excluded[i] = math.inf
+            a = alpha[i]
+            if use_gram:
+                for k in range(t + 1):
+                    proj[k] += a * gram[b, kv, i, k]
+            else:
+                for e in range(d):
+                    agg[e] += a * values[b, kv, i, e]
+        n_prev = n
+        agg_sq = 0.0
+        if use_gram:
+            for rank in range(n):
+                agg_sq += alpha[top_idx[rank]] * proj[top_idx[rank]]
+        else:
+            for e in range(d):
+                agg_sq += agg[e] * agg[e]
+            for k in range(t + 1):
+                proj[k] = _dot(values[b, kv, k], agg)
+        agg_norm = math.sqrt(max(agg_sq, 0.0))
+        rho_min = math.inf
+        for k in range(t + 1):
+            value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
+            dist[k] = value
+            rho_min = min(rho_min, value)
+        rho_max = -math.inf
+        inside = 0
+        ginv = 0
+        for rank in range(n):
+            i = top_idx[rank]
+            value = _distance(euclidean, y_size[i], alpha[i], proj[i], agg_sq, agg_norm)
+            if euclidean and n == 1:  # the selected point is the aggregate: D = 0 exactly
+                value = -agg_sq
+            rho_max = max(rho_max, value)
+            inside += 1 if value < rho_min else 0
+            if full:
+                ginv += _count_at_most(dist, t + 1, value)
+        outside = _count_at_most(dist, t + 1, rho_max)
+        p = n / (n + outside)
+        rc = inside / n
+        out_p[j] = p
+        out_r[j] = rc
+        out_f[j] = 2 * p * rc / (p + rc) if rc > 0 else 0.0
+        if not full:
+            continue
+        if euclidean:
+            out_margin[j] = math.sqrt(rho_min + agg_sq) - math.sqrt(max(rho_max + agg_sq, 0.0))
+        else:
+            out_margin[j] = rho_min - rho_max
+        out_inv[j] = ginv
+        out_sink[j] = sink_rank < n
+        if want_sink:
+            align_sink[j] = proj[0] / (agg_norm * math.sqrt(value_sq[b, kv, 0]) + _COS_EPS)
+            align_current[j] = proj[t] / (agg_norm * math.sqrt(value_sq[b, kv, t]) + _COS_EPS)
+        if want_bounds:
+            # Theorem 1 from the selected weights: W, Q of the non-sink ones and the sink's w_0.
+            w0 = 0.0
+            total = 0.0
+            sum_sq = 0.0
+            for rank in range(n):
+                i = top_idx[rank]
+                if i == 0:
+                    w0 = alpha[0]
+                else:
+                    total += alpha[i]
+                    sum_sq += alpha[i] * alpha[i]
+            u_max = -math.inf
+            for rank in range(n):  # U_i = Q⁺(w^S − α_i e_i)
+                i = top_idx[rank]
+                own = 0.0 if i == 0 else alpha[i]
+                s_w = 0.0 if i == 0 else w0
+                q_sq = sum_sq - own * own
+                q_tot = total - own
+                u_val[rank] = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
+                               + 2 * sink_hi * s_w * q_tot)
+                u_max = max(u_max, u_val[rank])
+            s_sq_lo = max(diag_lo * sum_sq + pair_lo * (total * total - sum_sq) + sink_sq * w0 * w0
+                          + 2 * sink_lo * w0 * total, 0.0)
+            # L_j less the slack for every key (dist is free now); +inf drops selected and
+            # non-candidates, so the minimum and the count need no branch.
+            inner = pair_hi * total + sink_hi * w0
+            for k in range(t + 1):
+                a = alpha[k]
+                spread = a + total + w0
+                dist[k] = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[k]
+            if excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
+                a = alpha[0]
+                spread = a + total + w0
+                dist[0] = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total) - slack * spread * spread
+            l_min = math.inf
+            for k in range(t + 1):
+                l_min = min(l_min, dist[k])
+            outside_b = _count_at_most(dist, t + 1, u_max)
+            inside_b = 0
+            for rank in range(n):
+                inside_b += 1 if u_val[rank] < l_min else 0
+            bound_p[j] = n / (n + outside_b)
+            bound_r[j] = inside_b / n
+    # Unselected candidates keep excluded = 0 for the next variant's reset (done by _select).
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram, use_gram,
                       ns, exclude_sink, euclidean, group,
@@ -155,6 +289,9 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
         top_score = np.zeros(max_n)
         dist = np.zeros(n_k)
         agg = np.zeros(d)
+        u_val = np.zeros(max_n)
+        unused = np.zeros(ns.shape[0])
+        no_bounds = np.zeros((7, 1, 1, 1))
         for r in range(task * _ROWS_PER_TASK, min(n_rows, (task + 1) * _ROWS_PER_TASK)):
             b = r // (n_heads * n_q)
             h = (r // n_q) % n_heads
@@ -174,7 +311,6 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
                 visible = visible and not (exclude_sink and k == 0)
                 alpha[k] = a if visible else 0.0
                 excluded[k] = 0.0 if visible else math.inf
-                proj[k] = 0.0
                 if not visible:
                     continue
                 n_cand += 1
@@ -188,68 +324,7 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
             visible_sum[b, h, qi] = mass
             if not qvalid[b, qi]:
                 continue
-            sink_rank = max_n  # rank of key 0 among the selected sources (max_n: not among them)
-            for rank in range(filled):
-                if top_idx[rank] == 0:
-                    sink_rank = rank
-            for k in range(t + 1):
-                a = alpha[k]
-                y_size[k] = a * a * value_sq[b, kv, k] if euclidean else a * math.sqrt(value_sq[b, kv, k])
-            agg[:] = 0.0
-            n_prev = 0
-            for j in range(ns.shape[0]):
-                n = ns[j]
-                if n >= n_cand:  # no unselected candidate: undefined from here on
-                    break
-                # Nested sets: the aggregate only gains sources top[n_prev:n].
-                for rank in range(n_prev, n):
-                    i = top_idx[rank]
-                    excluded[i] = math.inf
-                    a = alpha[i]
-                    if use_gram:
-                        for k in range(t + 1):
-                            proj[k] += a * gram[b, kv, i, k]
-                    else:
-                        for e in range(d):
-                            agg[e] += a * values[b, kv, i, e]
-                n_prev = n
-                agg_sq = 0.0
-                if use_gram:
-                    for rank in range(n):
-                        agg_sq += alpha[top_idx[rank]] * proj[top_idx[rank]]
-                else:
-                    for e in range(d):
-                        agg_sq += agg[e] * agg[e]
-                    for k in range(t + 1):
-                        proj[k] = _dot(values[b, kv, k], agg)
-                agg_norm = math.sqrt(max(agg_sq, 0.0))
-                # Distances of every key (+inf unless an unselected candidate) and ρ_min.
-                rho_min = math.inf
-                for k in range(t + 1):
-                    value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
-                    dist[k] = value
-                    rho_min = min(rho_min, value)
-                # Each selected D_i: its inversions #{j∉S: D_j ≤ D_i} (selected keys hold +inf).
-                rho_max = -math.inf
-                inside = 0
-                ginv = 0
-                for rank in range(n):
-                    i = top_idx[rank]
-                    value = _distance(euclidean, y_size[i], alpha[i], proj[i], agg_sq, agg_norm)
-                    if euclidean and n == 1:  # the selected point is the aggregate: D = 0 exactly
-                        value = -agg_sq
-                    rho_max = max(rho_max, value)
-                    inside += 1 if value < rho_min else 0
-                    ginv += _count_at_most(dist, t + 1, value)
-                outside = _count_at_most(dist, t + 1, rho_max)
-                p = n / (n + outside)
-                rc = inside / n
-                precision[b, h, qi, j] = p
-                recall[b, h, qi, j] = rc
-                f[b, h, qi, j] = 2 * p * rc / (p + rc) if rc > 0 else 0.0
-                if euclidean:
-                    margin[b, h, qi, j] = math.sqrt(rho_min + agg_sq) - math.sqrt(max(rho_max + agg_sq, 0.0))
-                else:
-                    margin[b, h, qi, j] = rho_min - rho_max
-                inversions[b, h, qi, j] = ginv
-                sink[b, h, qi, j] = sink_rank < n
+            _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
+                     precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
+                     sink[b, h, qi], False, unused, unused, False, no_bounds, 0.0, unused, unused)
