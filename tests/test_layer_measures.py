@@ -59,3 +59,16 @@ def test_fused_equals_the_public_functions(options, dtype):
     fused = measure_layer(att, config, random, backend="fused")
     composed = measure_layer(att, config, random, backend="torch")
     assert_same(fused, composed, atol=1e-12 if dtype == torch.float64 else 1e-5)
+
+
+@pytest.mark.parametrize("backend", ["fused", "torch"])
+def test_non_finite_values_at_real_keys_are_refused(backend):
+    att = layer(lengths=[9, 6])
+    config = RunConfig(n=(1, 2))
+    clean = measure_layer(att, config, None, backend=backend)
+    att.kv_values[1, 7] = torch.nan  # a pad key of sequence 1: takes no part
+    assert_same(measure_layer(att, config, None, backend=backend), clean, atol=0)
+    for bad in (torch.nan, torch.inf):
+        att.kv_values[0, 3, 1, 0] = bad
+        with pytest.raises(ValueError, match="v contains NaN or infinite values"):
+            measure_layer(att, config, None, backend=backend)

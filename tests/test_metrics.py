@@ -306,6 +306,11 @@ def test_bad_inputs_name_the_problem(backend):
         separability(pattern[:, :1].expand(1, 3, 4, 4), torch.randn(1, 4, 2, 4), 1)
     with pytest.raises(ValueError, match="sum to 1"):
         separability(pattern * 0.5, v, 1)
+    for bad in (torch.nan, torch.inf):  # the two backends used to disagree silently
+        broken = v.clone()
+        broken[0, 2, 0, 1] = bad
+        with pytest.raises(ValueError, match="NaN or infinite values at real keys"):
+            separability(pattern, broken, 1)
     with pytest.raises(ValueError, match="negative"):
         bad = pattern.clone()
         bad[0, 0, 1] = torch.tensor([1.5, -0.5, 0, 0])

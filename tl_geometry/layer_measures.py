@@ -18,7 +18,7 @@ Both give the same numbers (the fused pass does its scalar arithmetic in float64
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .config import RunConfig
-from .metrics import inversion_bounds, separability, separability_over_rankings
+from .metrics import check_values, inversion_bounds, separability, separability_over_rankings
 from .regime import (
     GRAM_BOUND_KEYS,
     envelope_from_statistics,
@@ -120,6 +120,9 @@ def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: B
                 pass
     if random is not None and random.repeats == 0:
         random = None
+    check_values(att.kv_values, att.key_mask)
+    if not bool(torch.isfinite(att.kv_values).all()):  # only at pads (checked above), which take no part
+        att = replace(att, kv_values=torch.where(torch.isfinite(att.kv_values), att.kv_values, 0.0))
     measure = _measure_fused if backend == "fused" else _measure_torch
     out = measure(att, config, random)
     _add_derived(out, config)

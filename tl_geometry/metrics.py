@@ -135,6 +135,14 @@ def _check_inputs(pattern: Tensor, v: Tensor) -> None:
         raise ValueError(f"v has {v.shape[2]} kv heads, which does not divide pattern's {heads} heads.")
 
 
+def check_values(v: Tensor, key_mask: Tensor) -> None:
+    """Value vectors of real keys must be finite (NaN or inf would give meaningless distances)."""
+    finite = torch.isfinite(v).flatten(2).all(-1)  # [batch, key]
+    if bool((~finite & key_mask.to(finite.device)).any()):
+        raise ValueError("v contains NaN or infinite values at real keys: check the model run (dtype overflow?) "
+                         "or mask those positions as pads.")
+
+
 def _check_distribution(sums: Tensor, negative: Tensor, visible_mass: Tensor, valid: Tensor) -> None:
     """Rows of real queries must be causal probability distributions.
 
@@ -261,6 +269,7 @@ def _separability(pattern, v, n, *, distance="euclidean", ranking="attention", q
     batch, heads, n_q, n_k = pattern.shape
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
     key_mask, query_mask = _default_masks(pattern, key_mask, query_mask)
+    check_values(v, key_mask)
     qpos = query_positions(query_mask, queries)
     n_sel = qpos.shape[1]
     all_rows = isinstance(queries, str) and queries == "all"
@@ -703,6 +712,7 @@ def query_rows(
     device = pattern.device
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
     key_mask, query_mask = _default_masks(pattern, key_mask, query_mask)
+    check_values(v, key_mask)
     qpos = query_positions(query_mask, queries)
     rows = _gather_rows(pattern, qpos).to(dtype)
     valid = query_mask.gather(1, qpos)
