@@ -82,12 +82,19 @@ def _sample(cand, n_cand, m, key, h, t, r, top_idx):
 @numba.njit(cache=True, nogil=True)
 def _random_select(rows, b, h, t, key_mask, exclude_sink, max_n, key, r, alpha, excluded, cand, top_idx):
     """:func:`_select` for a uniformly random ranking (see :func:`_sample`); returns the candidates' number."""
-    n_cand = 0
     for k in range(t + 1):
         candidate = key_mask[b, k] and not (exclude_sink and k == 0)
         alpha[k] = float(rows[b, h, t, k]) if candidate else 0.0
         excluded[k] = 0.0 if candidate else math.inf
-        if candidate:
+    return _random_order(key_mask, b, h, t, exclude_sink, max_n, key, r, cand, top_idx)
+
+
+@numba.njit(cache=True, nogil=True)
+def _random_order(key_mask, b, h, t, exclude_sink, max_n, key, r, cand, top_idx):
+    """The candidates of row ``t`` into ``cand``, then :func:`_sample`; returns their number."""
+    n_cand = 0
+    for k in range(t + 1):
+        if key_mask[b, k] and not (exclude_sink and k == 0):
             cand[n_cand] = k
             n_cand += 1
     _sample(cand, n_cand, min(max_n, n_cand), key, h, t, r, top_idx)
@@ -110,14 +117,8 @@ def random_top_orders(keys, key_mask, qpos, qvalid, n_heads, repeats, max_n, exc
             if not qvalid[b, qi]:
                 continue
             for r in range(repeats):
-                n_cand = 0
-                for k in range(t + 1):
-                    if key_mask[b, k] and not (exclude_sink and k == 0):
-                        cand[n_cand] = k
-                        n_cand += 1
-                m = min(max_n, n_cand)
-                _sample(cand, n_cand, m, keys[b], h, t, r, top_idx)
-                for rank in range(m):
+                n_cand = _random_order(key_mask, b, h, t, exclude_sink, max_n, keys[b], r, cand, top_idx)
+                for rank in range(min(max_n, n_cand)):
                     out[r, b, h, qi, rank] = top_idx[rank]
 
 
