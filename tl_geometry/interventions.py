@@ -28,7 +28,7 @@ from torch import Tensor
 from .adapters import attention_weights, describe_model, sequence_nll, stream_layers
 from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, z_hook_name
 from .io import token_digest
-from .metrics import top_order
+from .selection import top_order
 from .taxonomy import HeadTaxonomy
 
 __all__ = [

@@ -26,7 +26,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .config import RunConfig
-from .metrics import check_values, inversion_bounds, separability, separability_over_rankings
+from .metrics import inversion_bounds, separability, separability_over_rankings
+from .query_rows import check_values
 from .regime import (
     GRAM_BOUND_KEYS,
     envelope_from_statistics,
@@ -198,7 +199,7 @@ def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerM
 
 
 def _positions(att, queries: str) -> Tensor:
-    from .metrics import query_positions
+    from .query_rows import query_positions
 
     return query_positions(att.query_mask, queries)
 
@@ -207,7 +208,9 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     import numpy as np
 
     from .layer_kernel import layer_rows
-    from .metrics import _check_distribution, _gram_blocks, query_positions, squared_value_norms
+    from .query_rows import check_distribution, query_positions
+    from .selection import squared_value_norms
+    from .separability_fused import gram_blocks
     from .separability_kernel import numba_threads
 
     pattern = att.pattern.detach()
@@ -239,7 +242,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     variants = 1 + 2 * config.sink + repeats
     use_gram = group * n_sel * n_out * variants >= n_k
     gram_bytes = n_k * n_k * values.element_size() if use_gram else 0
-    blocks = _gram_blocks(batch, n_kv, gram_bytes)
+    blocks = gram_blocks(batch, n_kv, gram_bytes)
     whole_gram = (values @ values.transpose(-1, -2)).contiguous() if use_gram and len(blocks) == 1 else None
     g = torch.zeros(7, batch, n_kv, n_k, dtype=torch.float64)
     if config.sink:
@@ -297,8 +300,8 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     # Distribution checks of every visited row (one pass gave their statistics).
     rows = torch.arange(n_q)[None].expand(batch, -1) if visited == n_q else last[:, None]
     gather = rows[:, None, :].expand(batch, heads, -1)
-    _check_distribution(row_sum.gather(2, gather), negatives.gather(2, gather) > 0, visible_sum.gather(2, gather),
-                        query_mask.gather(1, rows))
+    check_distribution(row_sum.gather(2, gather), negatives.gather(2, gather) > 0, visible_sum.gather(2, gather),
+                       query_mask.gather(1, rows), att.pattern.dtype)
 
     out_dtype = dtype
     columns = torch.tensor([ns.index(value) for value in config.n])

@@ -30,7 +30,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .metrics import _as_n_tuple, _check_inputs, _precision_from_outside, query_rows, top_order
+from .query_rows import as_n_tuple, check_inputs, query_rows
+from .selection import precision_from_outside, top_order
 from .sink import value_norms_and_sink_cosines
 
 __all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "rounding_slack_scale",
@@ -144,7 +145,7 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
         from .layer_kernel import pair_cosine_statistics
     except ImportError:
         return None
-    from .metrics import _gram_blocks
+    from .separability_fused import gram_blocks
 
     batch, n_kv, n_k, _ = values.shape
     newest = torch.zeros(batch, n_kv, n_k, dtype=values.dtype)
@@ -152,7 +153,7 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
     total = torch.zeros(batch, n_kv, dtype=torch.float64)
     norms, nonsink = norms.contiguous(), nonsink.contiguous()
     blocks = [(slice(0, batch), slice(0, n_kv))] if gram is not None else \
-        _gram_blocks(batch, n_kv, n_k * n_k * values.element_size())
+        gram_blocks(batch, n_kv, n_k * n_k * values.element_size())
     for b_sl, kv_sl in blocks:
         if gram is None:
             block = values[b_sl, kv_sl]
@@ -297,8 +298,8 @@ def sink_aware_bounds(
     the candidates). Comparisons carry the rounding slack of Lemma 3 in the safe direction.
     Shapes as in :func:`tl_geometry.separability`; ``n`` in any order, repeats allowed.
     """
-    _check_inputs(pattern, v)
-    ns = _as_n_tuple(n)
+    check_inputs(pattern, v)
+    ns = as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
     env = regime_envelope(rows.values, rows.key_mask)
@@ -344,7 +345,7 @@ def sink_aware_bounds(
         inside = (selected & (upper < l_min)).sum(-1)
         defined = n_candidates > n_value
         # P as separability computes it, to the last bit
-        precision[n_value] = torch.where(defined, _precision_from_outside(n_value, outside.to(alpha.dtype)), nan)
+        precision[n_value] = torch.where(defined, precision_from_outside(n_value, outside.to(alpha.dtype)), nan)
         recall[n_value] = torch.where(defined, inside.to(alpha.dtype) / n_value, nan)
     return SinkAwareBounds(ns, torch.stack([precision[x] for x in ns], -1), torch.stack([recall[x] for x in ns], -1),
                            rows.qpos)

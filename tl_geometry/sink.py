@@ -29,7 +29,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .metrics import _COS_EPS, Separability, _as_n_tuple, query_rows, top_order
+from .metrics import Separability
+from .query_rows import as_n_tuple, query_rows
+from .selection import COS_EPS, top_order
 
 __all__ = ["SinkGeometry", "sink_geometry", "f_by_sink", "value_norms_and_sink_cosines", "value_sink_statistics"]
 
@@ -67,7 +69,7 @@ class SinkGeometry:
 
 def _cosine(x: Tensor, y: Tensor) -> Tensor:
     """cos along the last axis with the SPEC's 1e-12 guard."""
-    return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1) + _COS_EPS)
+    return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1) + COS_EPS)
 
 
 def value_norms_and_sink_cosines(
@@ -115,7 +117,7 @@ def sink_geometry(
         exclude_sink: the alignments' ``s_N`` aggregates the top-N of sources ``1..t`` (as
             ``separability(..., exclude_sink=True)`` selects); the sink's mass and rank are unchanged.
     """
-    ns = _as_n_tuple(n)
+    ns = as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
     nan = torch.tensor(torch.nan, dtype=rows.alpha.dtype, device=rows.alpha.device)

@@ -29,7 +29,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .io import head_name, load_tensors, save_tensors
-from .metrics import query_rows
+from .query_rows import query_rows
 
 __all__ = ["REGIMES", "VOTES", "winner_sources", "vote_counts", "votes_from_winners", "offset_counts", "HeadTaxonomy",
            "TaxonomyAccumulator"]

@@ -1,0 +1,82 @@
+"""The rules every implementation shares, so that all of them select and count alike.
+
+Which sources a ranking selects (:func:`selection_scores`, :func:`top_order`, float64 squared
+value norms for the contribution ranking), and the exactly rounded precision quotient. The
+public metrics, both separability backends, the certificates and the sink diagnostics use these
+and nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from .errors import TLGeometryError
+
+__all__ = ["top_order", "squared_value_norms", "selection_scores", "precision_from_outside", "COS_EPS"]
+
+# Added to cosine denominators: a zero vector has cosine 0 with everything.
+COS_EPS = 1e-12
+
+
+def top_order(score: Float[Tensor, "... key"], m: int) -> Int[Tensor, "... m"]:
+    """Indices of the ``m`` highest scores per row, best first, ties to the lower position.
+
+    Equals ``torch.sort(score, descending=True, stable=True).indices[..., :m]``. For float32
+    rows shorter than 2^16 it runs ``topk`` on unique int64 keys (order-preserving float bits,
+    then the reversed position), about twice as fast as a stable full sort.
+
+    >>> top_order(torch.tensor([0.2, 0.5, 0.2, 0.1]), 3).tolist()
+    [1, 0, 2]
+    """
+    n_k = score.shape[-1]
+    if score.dtype != torch.float32 or n_k >= 1 << 16:
+        return torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :m]
+    bits = (score + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0 (they tie as floats)
+    bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: reverse their bit order
+    position = torch.arange(n_k - 1, -1, -1, device=score.device)  # earlier position, larger key
+    keys = (bits.long() << 16) | position
+    return keys.topk(m, dim=-1, sorted=True).indices
+
+
+def squared_value_norms(values: Float[Tensor, "batch kv key d"]) -> Float[Tensor, "batch kv key"]:
+    """``‖v‖²`` in float64: the one computation behind every contribution ranking (``α‖v‖``), so
+    separability (either backend), the bounds and the sink diagnostics select the same sets."""
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        try:
+            from .separability_kernel import squared_norms
+        except ImportError:
+            pass
+        else:
+            return torch.from_numpy(squared_norms(values.detach().contiguous().numpy()))
+    return values.detach().double().pow(2).sum(-1)
+
+
+def selection_scores(
+    alpha: Float[Tensor, "batch head q key"],
+    candidates: Bool[Tensor, "... key"],
+    ranking: str | Tensor,
+    value_sq: Float[Tensor, "batch kv key"] | None,
+    group: int,
+) -> Float[Tensor, "batch head q key"]:
+    """Scores that decide every top-N set (the fused kernel applies the same rule): ``α``,
+    ``α·sqrt(‖v‖²)`` in float64 from :func:`squared_value_norms`, or the caller's scores;
+    candidates' scores clamped to finite values and non-candidates at ``-inf``, so a candidate
+    scored ``-inf`` still comes before every non-candidate. Ties are broken by :func:`top_order`."""
+    if isinstance(ranking, Tensor):
+        score = ranking.to(torch.promote_types(ranking.dtype, alpha.dtype))
+    elif ranking == "contribution":
+        score = alpha.double() * value_sq.sqrt().repeat_interleave(group, 1)[:, :, None, :]
+    elif ranking == "attention":
+        score = alpha
+    else:
+        raise TLGeometryError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
+    return torch.where(candidates, score.clamp_min(torch.finfo(score.dtype).min), -torch.inf)
+
+
+def precision_from_outside(n_value: int, outside: Tensor) -> Tensor:
+    """``N / (N + outside)`` correctly rounded (``n / tensor`` would multiply by a reciprocal), so
+    every implementation and bound gives the same float for the same counts."""
+    denominator = n_value + outside
+    return torch.full_like(denominator, n_value) / denominator
