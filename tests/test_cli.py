@@ -21,7 +21,7 @@ def test_bad_n_and_unwritable_output_are_one_line_errors(capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert main(["analyze", "--out", str(blocker / "run")]) == 2
-    assert "not writable" in capsys.readouterr().err
+    assert "cannot be written" in capsys.readouterr().err and not (blocker / "run").exists()
 
 
 @pytest.mark.slow

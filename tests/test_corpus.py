@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tl_geometry.corpus import Corpus, load_corpus, make_windows
+from tl_geometry.errors import TLGeometryError
 
 
 class CharTokenizer:
@@ -42,7 +43,7 @@ def test_txt_and_jsonl_files(tmp_path):
     jsonl.write_text('{"text": "alpha"}\n{"id": "x", "text": "beta"}\n')
     assert load_corpus(jsonl).documents == [("0", "alpha"), ("x", "beta")]
     (tmp_path / "bad.jsonl").write_text('{"body": 1}\n')
-    with pytest.raises(ValueError, match="'text' field"):
+    with pytest.raises(TLGeometryError, match="'text' string"):
         load_corpus(tmp_path / "bad.jsonl")
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(ValueError, match="empty"):
@@ -83,5 +84,5 @@ def test_online_corpus_offline_names_alternatives(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_datasets)
-    with pytest.raises(ModuleNotFoundError, match="python-reference"):
+    with pytest.raises(TLGeometryError, match="python-reference"):
         load_corpus("wikitext-103")

@@ -33,6 +33,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .errors import TLGeometryError
+
 __all__ = [
     "LayerAttention",
     "ModelInfo",
@@ -109,6 +111,16 @@ class ModelInfo:
     transformer_lens_version: str
     processing: dict[str, Any] = field(default_factory=dict)
     bos_token_id: int | None = None
+    n_ctx: int | None = None  # the context length, when the config states it
+
+    def check_length(self, n_tokens: int) -> None:
+        """Refuse sequences longer than the model's context before any forward (memory grows
+        with its square, and positions past it mean nothing to the model)."""
+        if self.n_ctx is not None and n_tokens > self.n_ctx:
+            raise TLGeometryError(
+                f"{n_tokens} tokens per sequence exceed {self.model_name}'s context of {self.n_ctx}: cut the text "
+                f"into windows of at most {self.n_ctx} tokens (tlg.make_windows, or a smaller --seq-len)."
+            )
 
 
 def _tl_version() -> str:
@@ -171,7 +183,7 @@ def describe_model(model: Any) -> ModelInfo:
     cfg = model.cfg
     direction = getattr(cfg, "attention_dir", "causal")
     if direction != "causal":
-        raise ValueError(
+        raise TLGeometryError(
             f"model attention is {direction!r}: geometric separability is defined over the causal "
             "sources 0..t of each query. Use a causal (decoder-only) model."
         )
@@ -189,6 +201,7 @@ def describe_model(model: Any) -> ModelInfo:
         transformer_lens_version=_tl_version(),
         processing=_processing(model, model_class),
         bos_token_id=bos,
+        n_ctx=int(cfg.n_ctx) if isinstance(getattr(cfg, "n_ctx", None), int) and cfg.n_ctx > 0 else None,
     )
 
 
@@ -202,7 +215,7 @@ def align_value_heads(
     """
     n_kv = v.shape[2]
     if n_heads % n_kv:
-        raise ValueError(
+        raise TLGeometryError(
             f"hook_v has {n_kv} kv heads, which does not divide the pattern's {n_heads} query heads; "
             "pass hook_v and hook_pattern of the same layer and model."
         )
@@ -220,7 +233,7 @@ def _left_align_index(mask: Bool[Tensor, "batch pos"]) -> Int[Tensor, "batch pos
 
 def _check_mask(mask: Tensor, batch: int, pos: int) -> Bool[Tensor, "batch pos"]:
     if mask.shape != (batch, pos):
-        raise ValueError(
+        raise TLGeometryError(
             f"attention_mask has shape {tuple(mask.shape)}, expected [batch, pos] = {(batch, pos)} "
             "matching tokens / hook_pattern."
         )
@@ -231,7 +244,7 @@ def _check_mask(mask: Tensor, batch: int, pos: int) -> Bool[Tensor, "batch pos"]
     ar = torch.arange(pos, device=mask.device)[None, :]
     contiguous = ((ar >= starts[:, None]) & (ar < (starts + lengths)[:, None])) == mask
     if not bool(contiguous.all()):
-        raise ValueError("attention_mask must mark one contiguous run of real tokens per row (left or right padding).")
+        raise TLGeometryError("attention_mask must mark one contiguous run of real tokens per row (left or right padding).")
     return mask
 
 
@@ -243,17 +256,17 @@ def _build_layer(
     has_bos: Tensor,
 ) -> LayerAttention:
     if pattern.ndim != 4:
-        raise ValueError(
+        raise TLGeometryError(
             f"hook_pattern of layer {layer} has shape {tuple(pattern.shape)}; expected "
             "[batch, head, query_pos, key_pos]. Pass blocks.{l}.attn.hook_pattern, not hook_attn_scores/hook_z."
         )
     if v.ndim != 4:
-        raise ValueError(
+        raise TLGeometryError(
             f"hook_v of layer {layer} has shape {tuple(v.shape)}; expected [batch, key_pos, kv_head, d_head]."
         )
     batch, n_heads, n_q, n_k = pattern.shape
     if n_q != n_k or v.shape[0] != batch or v.shape[1] != n_k:
-        raise ValueError(
+        raise TLGeometryError(
             f"layer {layer}: hook_pattern {tuple(pattern.shape)} and hook_v {tuple(v.shape)} disagree; "
             "expected pattern [batch, head, pos, pos] and v [batch, pos, kv_head, d_head] from the same run."
         )
@@ -261,7 +274,7 @@ def _build_layer(
     pattern = pattern.detach().to(dtype)
     v = v.detach().to(dtype)
     if n_heads % v.shape[2]:
-        raise ValueError(
+        raise TLGeometryError(
             f"hook_v has {v.shape[2]} kv heads, which does not divide the pattern's {n_heads} query heads; "
             "pass hook_v and hook_pattern of the same layer and model."
         )
@@ -317,7 +330,7 @@ def read_layer(
         (torch.Size([2, 9, 12, 12]), torch.Size([2, 12, 9, 64]))
     """
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-        raise ValueError(f"layer must be a non-negative int, got {layer!r}.")
+        raise TLGeometryError(f"layer must be a non-negative int, got {layer!r}.")
     names = hook_names(layer)
     missing = [name for name in names if name not in cache]
     if missing:
@@ -340,9 +353,9 @@ def _check_layers(layers: Iterable[int] | None, n_layers: int) -> list[int]:
     chosen = sorted({int(layer) for layer in layers})
     bad = [layer for layer in chosen if not 0 <= layer < n_layers]
     if bad:
-        raise ValueError(f"layers {bad} are out of range: the model has layers 0..{n_layers - 1}.")
+        raise TLGeometryError(f"layers {bad} are out of range: the model has layers 0..{n_layers - 1}.")
     if not chosen:
-        raise ValueError("layers is empty: pass None for all layers or a list of layer indices.")
+        raise TLGeometryError("layers is empty: pass None for all layers or a list of layer indices.")
     return chosen
 
 
@@ -355,7 +368,7 @@ def _check_tokens(tokens: Any) -> Tensor:
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2 or tokens.shape[1] < 1:
-        raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
+        raise TLGeometryError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
     return tokens
 
 
@@ -367,6 +380,7 @@ def stream_layers(
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     layers: Iterable[int] | None = None,
     stop_early: bool = True,
+    info: ModelInfo | None = None,
 ) -> ModelInfo:
     """Run one forward pass and hand each chosen layer's attention to ``fn``.
 
@@ -383,12 +397,15 @@ def stream_layers(
             default: no pads.
         layers: layer indices (default: all).
         stop_early: stop the forward after the last chosen layer (no logits are needed).
+        info: the model's :func:`describe_model`, when the caller streams many batches (saves
+            describing, and warning about, the same model each time).
 
     Returns:
         The :class:`ModelInfo` of the model (class, sizes, processing mode).
     """
-    info = describe_model(model)
+    info = describe_model(model) if info is None else info
     tokens = _check_tokens(tokens)
+    info.check_length(tokens.shape[1])
     chosen = _check_layers(layers, info.n_layers)
     batch, pos = tokens.shape
     if attention_mask is not None:

@@ -23,6 +23,7 @@ from torch import Tensor
 from .adapters import describe_model, stream_layers
 from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, world
+from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
 from .io import head_name, load_tensors, save_tensors, token_digest
 from .layer_measures import measure_layer
@@ -100,9 +101,9 @@ def tokenize_texts(model: Any, texts: Sequence[str]) -> tuple[Int[Tensor, "seq p
     """BOS + each text's tokens (no other special tokens), right-padded: ``(tokens, attention_mask)``."""
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
-        raise ValueError("the model has no tokenizer: pass token ids [seq, pos] instead of texts.")
+        raise TLGeometryError("the model has no tokenizer: pass token ids [seq, pos] instead of texts.")
     if tokenizer.bos_token_id is None:
-        raise ValueError("the tokenizer has no BOS token; geometry needs the sink at position 0. Pass token ids.")
+        raise TLGeometryError("the tokenizer has no BOS token; geometry needs the sink at position 0. Pass token ids.")
     ids = [[tokenizer.bos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]] for text in texts]
     length = max(len(row) for row in ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
@@ -126,9 +127,13 @@ class Checkpoint:
         """Load the saved state into the accumulators; returns the number of windows done."""
         if not self.path.is_file():
             return 0
-        tensors, meta = load_tensors(self.path, "Checkpoint")
+        try:
+            tensors, meta = load_tensors(self.path, "Checkpoint")
+        except TLGeometryError as exc:
+            raise TLGeometryError(f"{exc.args[0].split(':')[0]}: the checkpoint is damaged; rerun without --resume "
+                                  "(it starts again from the first window)") from None
         if meta.get("key") != self.key:
-            raise ValueError(
+            raise TLGeometryError(
                 f"checkpoint {str(self.path)!r} was written by a run with other settings (model, windows, N, "
                 "queries, seed or repeats); delete it or choose another output folder."
             )
@@ -140,12 +145,10 @@ class Checkpoint:
     def save(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> None:
         tensors = {k: torch.cat([b[k] for b in geometry.batches]) for k in geometry.batches[0]}
         tensors.update(window_ids=torch.cat(geometry.window_ids), votes=taxonomy.votes, offsets=taxonomy.offsets)
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        save_tensors(tmp, "Checkpoint", tensors, key=self.key)
-        tmp.replace(self.path)  # atomic: a reader sees the old or the new state, never half of one
+        save_tensors(self.path, "Checkpoint", tensors, key=self.key)  # atomic: old or new state, never half
 
 
-def _stream_windows(model, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None,
+def _stream_windows(model, info, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None,
                     after_batch=None, first: int = 0) -> None:
     """Stream the model over the windows ``first..`` batch by batch (tqdm bar per batch)."""
     from tqdm.auto import tqdm
@@ -156,22 +159,39 @@ def _stream_windows(model, tokens, attention_mask, batch_size, progress, on_laye
         if on_batch is not None:
             on_batch(rows)
         mask = None if attention_mask is None else attention_mask[rows]
-        stream_layers(model, tokens[rows], on_layer, attention_mask=mask)
+        stream_layers(model, tokens[rows], on_layer, attention_mask=mask, info=info)
         if after_batch is not None:
             after_batch()
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise TLGeometryError(f"batch_size must be an int ≥ 1 (windows per forward pass); got {batch_size!r}.")
 
 
 def _as_tokens(model, tokens_or_texts, attention_mask):
     if isinstance(tokens_or_texts, str):
         tokens_or_texts = [tokens_or_texts]
+    if type(tokens_or_texts).__module__ == "numpy":  # token ids from numpy: same meaning
+        tokens_or_texts = torch.as_tensor(tokens_or_texts)
     if isinstance(tokens_or_texts, Tensor):
         tokens = tokens_or_texts if tokens_or_texts.ndim == 2 else tokens_or_texts[None]
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise TLGeometryError(f"token ids must be integers; got a {tokens.dtype} tensor (texts? pass a list of str).")
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(attention_mask)
+            if attention_mask.shape != tokens.shape:
+                raise TLGeometryError(f"attention_mask has shape {tuple(attention_mask.shape)}; it must match the "
+                                      f"tokens {tuple(tokens.shape)}.")
+            empty = (~attention_mask.bool().any(1)).nonzero().flatten().tolist()
+            if empty:
+                raise TLGeometryError(f"attention_mask rows {empty[:5]} have no real token: drop those sequences.")
         return tokens, attention_mask
     texts = list(tokens_or_texts)
     if not texts or not all(isinstance(t, str) for t in texts):
-        raise ValueError("pass token ids [seq, pos] or a non-empty list of strings.")
+        raise TLGeometryError("pass token ids [seq, pos] or a non-empty list of strings.")
     if attention_mask is not None:
-        raise ValueError("attention_mask is built from the texts; pass it only with token ids.")
+        raise TLGeometryError("attention_mask is built from the texts; pass it only with token ids.")
     return tokenize_texts(model, texts)
 
 
@@ -225,8 +245,10 @@ def analyze(
                            bootstrap=bootstrap, sink=sink)
     tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
-        raise ValueError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
+        raise TLGeometryError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
+    _check_batch_size(batch_size)
     info = describe_model(model)
+    info.check_length(int(tokens.shape[1]))
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
     rank, world_size = world()
     if distributed is not False and world_size > 1:  # this rank's shard; merged at the end
@@ -261,12 +283,12 @@ def analyze(
                                         "window_ids": window_ids.tolist()})
         done = state.restore(geometry, taxonomy)
         if done % batch_size and done < tokens.shape[0]:
-            raise ValueError(f"checkpoint {str(checkpoint)!r} holds {done} windows, not a whole number of batches.")
+            raise TLGeometryError(f"checkpoint {str(checkpoint)!r} holds {done} windows, not a whole number of batches.")
 
         def save() -> None:
             state.save(geometry, taxonomy)
 
-    _stream_windows(model, tokens, attention_mask, batch_size, progress and rank == 0, on_layer, on_batch, save,
+    _stream_windows(model, info, tokens, attention_mask, batch_size, progress and rank == 0, on_layer, on_batch, save,
                     first=done)
     result = Analysis(geometry.result(settings, allow_empty=world_size > 1), taxonomy.result(settings))
     return gather_analysis(result) if world_size > 1 else result
@@ -306,7 +328,7 @@ def analyze_separability(
         torch.Size([30, 9, 4])
     """
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise ValueError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(getattr(tokens, 'shape', ()))}.")
+        raise TLGeometryError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(getattr(tokens, 'shape', ()))}.")
     return analyze(model, tokens, n, **options).geometry
 
 
@@ -322,9 +344,9 @@ def classify_heads(
     """Head taxonomy alone: one streamed pass accumulating winner-source votes (SPEC §7)."""
     tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
     if tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise ValueError(f"need at least one window of tokens; got shape {tuple(tokens.shape)}.")
+        raise TLGeometryError(f"need at least one window of tokens; got shape {tuple(tokens.shape)}.")
     info = describe_model(model)
     taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=queries)
-    _stream_windows(model, tokens, attention_mask, batch_size, progress, lambda layer, att: taxonomy.add_layer(att))
+    _stream_windows(model, info, tokens, attention_mask, batch_size, progress, lambda layer, att: taxonomy.add_layer(att))
     return taxonomy.result({"model": info.model_name, "queries": queries, "n_windows": int(tokens.shape[0]),
                             "seq_len": int(tokens.shape[1])})

@@ -2,33 +2,32 @@
 
 ``tl-geometry analyze`` cuts windows from a corpus, streams the model once over them and
 writes per-head separability (top-N vs random), sink diagnostics, regime certificates and the
-head taxonomy into a run folder. Errors are one clear
-line on stderr and exit code 2.
+head taxonomy into a run folder (:class:`~tl_geometry.run_folder.RunFolder`). Every input is
+checked before the model loads where it can be, and before the forward otherwise. A user error
+(:class:`~tl_geometry.errors.TLGeometryError`) is one line on stderr and exit status 2; anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from .errors import TLGeometryError
+from .run_folder import RunFolder
+
 __all__ = ["main"]
-
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit code 2."""
 
 
 def _parse_n(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise CliError(f"--n must be comma-separated integers, e.g. 1,2,4,8; got {text!r}") from None
+        raise TLGeometryError(f"--n must be comma-separated integers, e.g. 1,2,4,8; got {text!r}") from None
     if not values or min(values) < 1:
-        raise CliError(f"--n values must be integers ≥ 1; got {text!r}")
+        raise TLGeometryError(f"--n values must be integers ≥ 1; got {text!r}")
     return values
 
 
@@ -38,73 +37,70 @@ def _parse_repeats(text: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise CliError(f"--repeats must be 'auto' or an integer ≥ 0; got {text!r}") from None
+        raise TLGeometryError(f"--repeats must be 'auto' or an integer ≥ 0; got {text!r}") from None
 
 
-def _writable_folder(out: Path) -> Path:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):  # a file of its own: torchrun ranks check at once
-            pass
-    except OSError as exc:
-        raise CliError(f"output folder {str(out)!r} is not writable ({exc.strerror})") from None
-    return out
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise TLGeometryError(f"{flag} must be ≥ 1; got {value}")
 
 
-def _run_folder(path: str) -> Path:
-    run = Path(path)
-    if not (run / "geometry.safetensors").is_file() or not (run / "taxonomy.safetensors").is_file():
-        raise CliError(f"{path!r} is not a finished run folder (no geometry/taxonomy results): run tl-geometry analyze first")
-    return run
-
-
-def _drilldowns(model, analysis, windows, out: Path) -> None:
-    """Drill-down figures of the most confident head of each regime on the first window, saved as
-    JSON so ``tl-geometry report`` can rebuild the page without the model."""
+def _drilldowns(model, analysis, windows) -> dict[str, str]:
+    """Drill-down figures (JSON by regime) of the most confident head of each regime on the first
+    window, saved so ``tl-geometry report`` can rebuild the page without the model."""
+    from .analysis import tokenize_texts
     from .plots import head_drilldown
     from .taxonomy import REGIMES
 
-    tokenizer = model.tokenizer
-    text = tokenizer.decode(windows.tokens[0, 1:65].tolist())
+    text = model.tokenizer.decode(windows.tokens[0, 1:65].tolist())
+    n = min(4, tokenize_texts(model, [text])[0].shape[1] - 1)  # N < the sources of the last query
+    if n < 1:
+        return {}
     tax = analysis.taxonomy
+    figures = {}
     for i, regime in enumerate(REGIMES):
         chosen = tax.label_ids == i
         if not bool(chosen.any()):
             continue
         confidence = tax.shares[..., i].where(chosen, -1.0)
         layer, head = divmod(int(confidence.flatten().argmax()), tax.shape[1])
-        fig = head_drilldown(model, text, layer, head, n=4)
+        fig = head_drilldown(model, text, layer, head, n=n)
         fig.update_layout(title=f"{regime}: {fig.layout.title.text}")
-        (out / f"drilldown_{regime}.json").write_text(fig.to_json())
+        figures[regime] = fig.to_json()
+    return figures
 
 
-def _rebuild_report(run: Path, title: str | None = None) -> Path:
-    """report.html from the files of a run folder (no model needed)."""
-    import pandas as pd
-    import plotly.io
+def _write_report(run: RunFolder, say=print) -> Path:
+    """report.html from the files of a run folder (no model needed); derived tables of another
+    analysis are left out, with a word."""
     import torch
 
-    from .analysis import Analysis
     from .interventions import TopNDeletion
     from .report import write_report
 
-    analysis = Analysis.load(run)
+    analysis = run.read_analysis()
+    tables, foreign = run.read_derived(analysis.geometry.settings.get("run_id"))
+    if foreign:
+        say(f"left out of the report: {', '.join(foreign)} (computed from an earlier analysis; rerun tl-geometry prune)")
     extras = {}
-    if (run / "pruning.csv").is_file():
-        extras["pruning"] = pd.read_csv(run / "pruning.csv")
-    if (run / "single_head_scan.csv").is_file():
-        frame = pd.read_csv(run / "single_head_scan.csv")
+    if "pruning.csv" in tables:
+        extras["pruning"] = tables["pruning.csv"]
+    if "single_head_scan.csv" in tables:
+        frame = tables["single_head_scan.csv"]
         scan = torch.full(analysis.taxonomy.shape, torch.nan)
-        scan[frame["layer"].to_numpy(), frame["head"].to_numpy()] = torch.tensor(frame["delta_nll"].to_numpy().copy()).float()
+        layers, heads = frame["layer"].to_numpy(), frame["head"].to_numpy()
+        if frame.empty or layers.min() < 0 or heads.min() < 0 or layers.max() >= scan.shape[0] or heads.max() >= scan.shape[1]:
+            raise TLGeometryError(f"{run.path / 'single_head_scan.csv'} does not fit this analysis's "
+                                  f"{scan.shape[0]}×{scan.shape[1]} heads: rerun tl-geometry prune")
+        scan[layers, heads] = torch.tensor(frame["delta_nll"].to_numpy(dtype="float64")).float()
         extras["scan"] = scan
-    if (run / "topn.csv").is_file():
-        frame = pd.read_csv(run / "topn.csv")
-        extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].to_numpy().copy()), float("nan"),
-                                       bool(renorm), {}) for renorm, part in frame.groupby("renormalise")]
-    drilldowns = [plotly.io.read_json(path) for path in sorted(run.glob("drilldown_*.json"))]
+    if "topn.csv" in tables:
+        frame = tables["topn.csv"]
+        extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].to_numpy(dtype="float64")),
+                                       float("nan"), bool(renorm), {}) for renorm, part in frame.groupby("renormalise")]
     settings = analysis.geometry.settings
-    title = title or f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
-    return write_report(analysis, run / "report.html", title=title, drilldowns=drilldowns, **extras)
+    title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
+    return write_report(analysis, run.report, title=title, drilldowns=run.read_drilldowns(), **extras)
 
 
 def _model_options(args: argparse.Namespace) -> dict:
@@ -128,34 +124,43 @@ def _analyze(args: argparse.Namespace) -> None:
     from .distributed import init_from_env
     from .models import BUNDLED_MODELS, load_model
 
+    # Everything that can be checked without the model, before it loads and before the folder changes.
+    if args.model not in BUNDLED_MODELS and "/" not in args.model:
+        raise TLGeometryError(f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
+    if args.seq_len < 2:
+        raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
+    _positive("--windows", args.windows)
+    _positive("--batch-size", args.batch_size)
+    ns = _parse_n(args.n)
+    if max(ns) >= args.seq_len:
+        raise TLGeometryError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: every N must be < the "
+                              "number of sources (lower --n or raise --seq-len)")
+    config = RunConfig(n=ns, queries=args.queries, repeats=_parse_repeats(args.repeats), seed=args.seed)
+    run = RunFolder(args.out or f"runs/{args.model}-{Path(str(args.corpus)).stem}")
     rank, world_size = init_from_env()  # under torchrun: windows are sharded over the ranks
     if rank > 0:
         args.quiet = True
-
-    if args.model not in BUNDLED_MODELS and "/" not in args.model:
-        raise CliError(f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
-    ns = _parse_n(args.n)
-    try:
-        config = RunConfig(n=ns, queries=args.queries, repeats=_parse_repeats(args.repeats), seed=args.seed)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if max(ns) >= args.seq_len:
-        raise CliError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: N must be < the number of sources")
-    out = _writable_folder(Path(args.out or f"runs/{args.model}-{Path(str(args.corpus)).stem}"))
     say = (lambda *a: None) if args.quiet else print
-    checkpoint = out / "checkpoint.safetensors"
-    if checkpoint.exists() and not args.resume:
-        say(f"removing the checkpoint of an earlier interrupted run ({checkpoint}); pass --resume to continue it")
-        checkpoint.unlink()
-    start = time.perf_counter()
+    run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)
     corpus = load_corpus(args.corpus)
+
+    start = time.perf_counter()
     model = load_model(args.model, **_model_options(args))
     say(f"loaded {args.model} in {time.perf_counter() - start:.1f}s")
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
+    from .adapters import describe_model
+
+    describe_model(model).check_length(args.seq_len)
+    # The inputs are valid: only now may an earlier run's checkpoint go.
+    if args.resume and not run.checkpoint.is_file():
+        say(f"no checkpoint in {run.path}: starting from the first window")
+    run.create()
+    if not args.resume and rank == 0 and run.drop_stale_checkpoint():
+        say(f"removed the checkpoint of an earlier interrupted run in {run.path} (pass --resume to continue one)")
     started = time.perf_counter()
-    analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=checkpoint,
+    analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=run.checkpoint,
                        progress=not args.quiet)
     say(f"analysed {windows.tokens.numel()} tokens at {windows.tokens.numel() / (time.perf_counter() - started):.0f} "
         "tokens/s (model forward included)")
@@ -164,21 +169,17 @@ def _analyze(args: argparse.Namespace) -> None:
     result = analysis.geometry
     for settings in (result.settings, analysis.taxonomy.settings):
         settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size)
-    analysis.save(out)
-    analysis.heads_table().to_csv(out / "heads.csv", index=False)
+    run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
+    report = _write_report(run, say)
+    run.checkpoint.unlink(missing_ok=True)
     summary = result.summary()
-    summary.to_csv(out / "summary.csv", index=False)
-    (out / "settings.json").write_text(json.dumps(result.settings, indent=1))
-    _drilldowns(model, analysis, windows, out)
-    report = _rebuild_report(out)
-    checkpoint.unlink(missing_ok=True)
     say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
     for row in summary.itertuples():
         say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
             f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
     overall = analysis.taxonomy.fractions().iloc[-1]
     say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
-    say(f"done in {time.perf_counter() - start:.0f}s; results in {out}/ "
+    say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
         "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
     print(report.resolve())
 
@@ -186,7 +187,6 @@ def _analyze(args: argparse.Namespace) -> None:
 def _prune(args: argparse.Namespace) -> None:
     import pandas as pd
 
-    from .analysis import Analysis
     from .corpus import load_corpus, make_windows
     from .interventions import (
         IMPORTANCE_METHODS,
@@ -198,83 +198,107 @@ def _prune(args: argparse.Namespace) -> None:
     from .io import head_name
     from .models import load_model
 
-    run = _writable_folder(_run_folder(args.run))
+    for flag in ("--windows", "--seq-len", "--scan-windows", "--scan-seq-len"):
+        _positive(flag, getattr(args, flag[2:].replace("-", "_")))
+    if args.seq_len < 2 or args.scan_seq_len < 2:
+        raise TLGeometryError("--seq-len and --scan-seq-len must be ≥ 2 (BOS and at least one token)")
+    run = RunFolder(args.run)
+    analysis = run.read_analysis()
+    run.check_writable()
+    run_id = analysis.geometry.settings.get("run_id")
     say = (lambda *a: None) if args.quiet else print
-    settings = json.loads((run / "settings.json").read_text())
-    analysis = Analysis.load(run)
-    start = time.perf_counter()
+    settings = run.read_settings()
     name = args.model or settings.get("cli_model")
     if name is None:
-        raise CliError("the run's settings.json does not say which model it analysed; pass --model")
+        raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
+    corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
+    start = time.perf_counter()
     model = load_model(name)
-    corpus = load_corpus(settings.get("corpus_spec", settings["corpus"]))
     # Held-out windows: another seed than the analysis, same length.
     held = make_windows(model, corpus, args.seq_len, args.windows, int(settings.get("seed", 0)) + 1).tokens
     # Gradient and entropy rank heads on the first half of the held-out windows (magnitude, random and
     # taxonomy need no tokens); the curves are measured on the other half.
-    importances = {m: head_importance(model, held[: args.windows // 2], m, taxonomy=analysis.taxonomy)
+    importances = {m: head_importance(model, held[: max(1, args.windows // 2)], m, taxonomy=analysis.taxonomy)
                    for m in IMPORTANCE_METHODS}
     evaluation = held[args.windows // 2:] if args.windows > 1 else held
     curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)
-    curve.to_csv(run / "pruning.csv", index=False)
-    say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {run / 'pruning.csv'}")
+    path = run.write_derived("pruning.csv", curve, run_id)
+    say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {path}")
     scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
-    scan = single_head_scan(model, scan_tokens, checkpoint=run / "scan_checkpoint.json", progress=not args.quiet)
+    scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=not args.quiet)
     grid = [(layer, head) for layer in range(scan.shape[0]) for head in range(scan.shape[1])]
-    pd.DataFrame({"layer": [g[0] for g in grid], "head": [g[1] for g in grid], "name": [head_name(a, b) for a, b in grid],
-                  "delta_nll": scan.flatten().double().numpy()}).to_csv(run / "single_head_scan.csv", index=False)
+    run.write_derived("single_head_scan.csv", pd.DataFrame({
+        "layer": [g[0] for g in grid], "head": [g[1] for g in grid], "name": [head_name(a, b) for a, b in grid],
+        "delta_nll": scan.flatten().double().numpy()}), run_id)
     rows = []
     for renormalise in (False, True):
         result = topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
         rows += [{"n": n, "delta_nll": float(d), "renormalise": renormalise} for n, d in zip(result.n, result.delta_nll, strict=True)]
-    pd.DataFrame(rows).to_csv(run / "topn.csv", index=False)
-    report = _rebuild_report(run)
+    run.write_derived("topn.csv", pd.DataFrame(rows), run_id)
+    run.scan_checkpoint.unlink(missing_ok=True)
+    report = _write_report(run, say)
     say(f"done in {time.perf_counter() - start:.0f}s")
     print(report.resolve())
 
 
 def _report(args: argparse.Namespace) -> None:
-    run = _run_folder(args.run)
-    print(_rebuild_report(run).resolve())
+    print(_write_report(RunFolder(args.run), lambda *a: print(*a, file=sys.stderr)).resolve())
+
+
+def _model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: TransformerLens's choice)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="model weights (default %(default)s); geometry is always computed in float32 or wider")
+    parser.add_argument("--device-map", default=None, help="hub models: e.g. auto, to spread layers over GPUs")
+    parser.add_argument("--n-devices", type=int, default=None, help="hub models: number of GPUs to split layers over")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus")
-    analyze.add_argument("--model", default="smollm2-135m")
-    analyze.add_argument("--corpus", default="python-reference", help="offline: python-reference (default), lee-news; hub: wikitext-103, openwebtext; or a .txt/.jsonl path")
-    analyze.add_argument("--windows", type=int, default=64)
-    analyze.add_argument("--seq-len", type=int, default=256)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus", formatter_class=fmt,
+                             description="Measure separability, sink diagnostics, certificates and the head taxonomy "
+                                         "over corpus windows, and write a run folder with report.html.")
+    analyze.add_argument("--model", default="smollm2-135m",
+                         help="bundled offline model (smollm2-135m, gemma-3-270m) or a Hugging Face name")
+    analyze.add_argument("--corpus", default="python-reference",
+                         help="offline: python-reference, lee-news; hub: wikitext-103, openwebtext; or a .txt/.jsonl path")
+    analyze.add_argument("--windows", type=int, default=64, help="number of windows cut from the corpus")
+    analyze.add_argument("--seq-len", type=int, default=256, help="tokens per window, BOS included")
     analyze.add_argument("--n", "--n-values", dest="n", default="1,2,4,8,16,32",
-                         help="comma-separated N values (spell it --n-values under torchrun, whose parser claims --n)")
-    analyze.add_argument("--queries", choices=["last", "all"], default="last")
+                         help="comma-separated N values, each < --seq-len (spell it --n-values under torchrun, "
+                              "whose parser claims --n)")
+    analyze.add_argument("--queries", choices=["last", "all"], default="last",
+                         help="measure the last query of each window, or every query")
     analyze.add_argument("--repeats", default="auto",
-                         help="random rankings per query, or auto (default): 16 with --queries last, one per "
-                              "query with --queries all (at least 16 draws per window and head)")
-    analyze.add_argument("--batch-size", type=int, default=8)
-    analyze.add_argument("--seed", type=int, default=0)
-    analyze.add_argument("--out", default=None, help="run folder (default runs/MODEL-CORPUS)")
-    analyze.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: TransformerLens's choice)")
-    analyze.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                         help="model weights; geometry is always float32 or wider")
-    analyze.add_argument("--device-map", default=None, help="hub models: e.g. auto, to spread layers over GPUs")
-    analyze.add_argument("--n-devices", type=int, default=None, help="hub models: number of GPUs to split layers over")
+                         help="random rankings per query, or auto: 16 with --queries last, one per "
+                              "query with --queries all (at least 16 draws per window and head); 0 skips the baseline")
+    analyze.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    analyze.add_argument("--seed", type=int, default=0, help="seeds the windows and the random rankings")
+    analyze.add_argument("--out", default=None, help="run folder (default: runs/MODEL-CORPUS)")
+    _model_flags(analyze)
     analyze.add_argument("--resume", action="store_true", help="continue an interrupted run in the same folder")
+    analyze.add_argument("--overwrite", action="store_true",
+                         help="replace a finished analysis in --out, with the pruning/scan results derived from it")
     analyze.add_argument("--quiet", action="store_true", help="print only the report path")
-    analyze.set_defaults(handler=_analyze)
-    prune = sub.add_parser("prune", help="pruning curves, single-head scan and top-N deletion for a finished run")
+    analyze.set_defaults(handler=_analyze, interrupted="rerun the same command with --resume to continue")
+    prune = sub.add_parser("prune", help="pruning curves, single-head scan and top-N deletion for a finished run",
+                           formatter_class=fmt)
     prune.add_argument("run", help="run folder written by tl-geometry analyze")
     prune.add_argument("--windows", type=int, default=16, help="held-out windows (half rank gradient/entropy, half evaluate)")
-    prune.add_argument("--seq-len", type=int, default=256)
-    prune.add_argument("--scan-windows", type=int, default=4)
-    prune.add_argument("--scan-seq-len", type=int, default=128)
+    prune.add_argument("--seq-len", type=int, default=256, help="tokens per held-out window")
+    prune.add_argument("--scan-windows", type=int, default=4, help="windows of the single-head scan")
+    prune.add_argument("--scan-seq-len", type=int, default=128, help="tokens per window of the single-head scan")
     prune.add_argument("--model", default=None, help="model name when the run's settings do not say")
-    prune.add_argument("--quiet", action="store_true")
-    prune.set_defaults(handler=_prune)
-    report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results")
-    report.add_argument("run")
-    report.set_defaults(handler=_report)
+    prune.add_argument("--quiet", action="store_true", help="print only the report path")
+    prune.set_defaults(handler=_prune,
+                       interrupted="rerun the same command: the single-head scan continues from its checkpoint")
+    report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results",
+                            formatter_class=fmt)
+    report.add_argument("run", help="run folder written by tl-geometry analyze")
+    report.set_defaults(handler=_report, interrupted="rerun the same command")
     return parser
 
 
@@ -282,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)
-    except (CliError, ValueError, ModuleNotFoundError, OSError) as exc:
+    except TLGeometryError as exc:
         print(f"tl-geometry: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("tl-geometry: interrupted; rerun the same command with --resume to continue", file=sys.stderr)
+        print(f"tl-geometry: interrupted; {args.interrupted}", file=sys.stderr)
         return 130
     return 0
 

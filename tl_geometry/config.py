@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args
 
+from .errors import TLGeometryError
+
 __all__ = ["RunConfig", "Queries", "Distance", "Ranking", "RANDOM_DRAWS"]
 
 Queries = Literal["last", "all"]
@@ -25,7 +27,7 @@ RANDOM_DRAWS = 16
 def _choice(name: str, value: Any, kind: Any) -> None:
     allowed = get_args(kind)
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+        raise TLGeometryError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         n = (self.n,) if isinstance(self.n, int) else tuple(self.n)
         if not n or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in n):
-            raise ValueError(f"n must be integers ≥ 1 (N counts the selected sources); got {self.n!r}.")
+            raise TLGeometryError(f"n must be integers ≥ 1 (N counts the selected sources); got {self.n!r}.")
         object.__setattr__(self, "n", n)
         _choice("queries", self.queries, Queries)
         _choice("taxonomy_queries", self.taxonomy_queries, Queries)
@@ -67,11 +69,11 @@ class RunConfig:
         _choice("ranking", self.ranking, Ranking)
         if self.repeats != "auto" and (isinstance(self.repeats, bool) or not isinstance(self.repeats, int)
                                        or self.repeats < 0):
-            raise ValueError(f"repeats must be 'auto' or an int ≥ 0 (0 skips the random baseline); got {self.repeats!r}.")
+            raise TLGeometryError(f"repeats must be 'auto' or an int ≥ 0 (0 skips the random baseline); got {self.repeats!r}.")
         for name in ("seed", "bootstrap"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "bootstrap" else 0):
-                raise ValueError(f"{name} must be an int ≥ {1 if name == 'bootstrap' else 0}; got {value!r}.")
+                raise TLGeometryError(f"{name} must be an int ≥ {1 if name == 'bootstrap' else 0}; got {value!r}.")
 
     def random_repeats(self, seq_len: int) -> int:
         """Random rankings per query for windows of ``seq_len`` tokens (resolves ``"auto"``)."""

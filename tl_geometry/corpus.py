@@ -28,6 +28,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from .errors import TLGeometryError
+
 __all__ = ["Corpus", "Windows", "load_corpus", "make_windows", "OFFLINE_CORPORA"]
 
 OFFLINE_CORPORA = ("python-reference", "lee-news")
@@ -70,35 +72,50 @@ def _lee_news() -> Corpus:
     try:
         dist = importlib.metadata.distribution("gensim")
     except importlib.metadata.PackageNotFoundError:
-        raise ModuleNotFoundError(
+        raise TLGeometryError(
             "corpus 'lee-news' is read from the gensim wheel: pip install --no-deps gensim==4.4.0 "
             "(make analyze / make test install it), or use 'python-reference'."
         ) from None
     path = Path(dist.locate_file("gensim/test/test_data/lee_background.cor"))
     if not path.is_file():
-        raise FileNotFoundError(f"gensim {dist.version} has no {path.name}; install gensim==4.4.0.")
+        raise TLGeometryError(f"gensim {dist.version} has no {path.name}; install gensim==4.4.0.")
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     return Corpus("lee-news", [(f"lee-{i:03d}", line) for i, line in enumerate(lines) if line])
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TLGeometryError(f"corpus file {str(path)!r} is not UTF-8 text (byte {exc.start}): convert it, e.g. "
+                              "iconv -t UTF-8.") from None
+    except OSError as exc:
+        raise TLGeometryError(f"cannot read corpus file {str(path)!r} ({exc.strerror}).") from None
+
+
 def _from_file(path: Path) -> Corpus:
     if not path.is_file():
-        raise FileNotFoundError(f"corpus file {str(path)!r} does not exist.")
+        raise TLGeometryError(f"corpus file {str(path)!r} does not exist.")
     if path.suffix == ".jsonl":
         docs = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        for number, line in enumerate(_read_text(path).splitlines()):
             if not line.strip():
                 continue
+            where = f"{path}:{number + 1}"
             try:
                 record = json.loads(line)
-                docs.append((str(record.get("id", number)), str(record["text"])))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number + 1}: each JSON line needs a 'text' field ({exc}).") from exc
+            except ValueError as exc:
+                raise TLGeometryError(f"{where}: not valid JSON ({exc}); each line must be an object with a "
+                                      "'text' string.") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                got = type(record).__name__ if not isinstance(record, dict) else f"text={record.get('text')!r}"
+                raise TLGeometryError(f"{where}: each line must be a JSON object with a 'text' string (got {got}).")
+            docs.append((str(record.get("id", number)), record["text"]))
     elif path.suffix in (".txt", ".md", ""):
-        blocks = [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n")]
+        blocks = [block.strip() for block in _read_text(path).split("\n\n")]
         docs = [(str(i), block) for i, block in enumerate(blocks) if block]
     else:
-        raise ValueError(f"corpus file {path.name!r}: use a .txt (documents separated by blank lines) or .jsonl (a 'text' field).")
+        raise TLGeometryError(f"corpus file {path.name!r}: use a .txt (documents separated by blank lines) or .jsonl (a 'text' field).")
     return Corpus(path.stem, docs)
 
 
@@ -107,7 +124,7 @@ def _from_hub(name: str) -> Corpus:
     try:
         import datasets
     except ModuleNotFoundError:
-        raise ModuleNotFoundError(
+        raise TLGeometryError(
             f"corpus {name!r} needs the Hugging Face `datasets` package (pip install datasets) and network; "
             f"offline corpora: {', '.join(OFFLINE_CORPORA)}, or a .txt/.jsonl path."
         ) from None
@@ -115,7 +132,7 @@ def _from_hub(name: str) -> Corpus:
         data = datasets.load_dataset(repo, config, split="test" if config else "train", streaming=True)
         docs = [(str(i), row["text"]) for i, row in zip(range(20_000), data, strict=False) if row["text"].strip()]
     except Exception as exc:  # offline, hub error, gated dataset
-        raise OSError(
+        raise TLGeometryError(
             f"could not load corpus {name!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
             f"Offline, use {', '.join(OFFLINE_CORPORA)} or a .txt/.jsonl file."
         ) from exc
@@ -134,12 +151,12 @@ def load_corpus(spec: str | Path) -> Corpus:
     elif Path(spec).suffix or Path(spec).exists():
         corpus = _from_file(Path(spec))
     else:
-        raise ValueError(
+        raise TLGeometryError(
             f"unknown corpus {str(spec)!r}: use {', '.join(OFFLINE_CORPORA + tuple(ONLINE_CORPORA))} "
             "or a path to a .txt/.jsonl file."
         )
     if not corpus.documents:
-        raise ValueError(f"corpus {corpus.name!r} is empty: it holds no non-blank document.")
+        raise TLGeometryError(f"corpus {corpus.name!r} is empty: it holds no non-blank document.")
     return corpus
 
 
@@ -163,10 +180,10 @@ def make_windows(model_or_tokenizer: Any, corpus: Corpus | str, seq_len: int = 2
     if isinstance(corpus, str | Path):
         corpus = load_corpus(corpus)
     if seq_len < 2 or n_windows < 1:
-        raise ValueError(f"need seq_len ≥ 2 and n_windows ≥ 1; got seq_len={seq_len}, n_windows={n_windows}.")
+        raise TLGeometryError(f"need seq_len ≥ 2 and n_windows ≥ 1; got seq_len={seq_len}, n_windows={n_windows}.")
     bos = tokenizer.bos_token_id
     if bos is None:
-        raise ValueError("the tokenizer has no BOS token; windows start with BOS (the sink). Set tokenizer.bos_token.")
+        raise TLGeometryError("the tokenizer has no BOS token; windows start with BOS (the sink). Set tokenizer.bos_token.")
     content = seq_len - 1
     order = sorted(corpus.documents, key=lambda doc: _hash(seed, doc[0]))
     eligible, skipped = [], 0
@@ -177,7 +194,7 @@ def make_windows(model_or_tokenizer: Any, corpus: Corpus | str, seq_len: int = 2
         else:
             eligible.append((doc_id, ids))
     if not eligible:
-        raise ValueError(
+        raise TLGeometryError(
             f"corpus {corpus.name!r} has no document of at least {content} tokens ({skipped} too short): "
             "lower --seq-len or use a corpus of longer documents."
         )

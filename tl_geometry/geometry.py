@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .adapters import LayerAttention
 from .config import RunConfig
+from .errors import TLGeometryError
 from .io import load_tensors, save_tensors
 from .layer_measures import LayerMeasures, RandomDraws
 
@@ -150,11 +151,11 @@ class GeometryResult:
     def merge(self, other: GeometryResult) -> GeometryResult:
         """Combine results over disjoint windows (any split, any order) into one."""
         if self.n != other.n or self.per_sequence.keys() != other.per_sequence.keys():
-            raise ValueError("cannot merge results computed with different N values or metrics.")
+            raise TLGeometryError("cannot merge results computed with different N values or metrics.")
         ids = torch.cat([self.window_ids, other.window_ids])
         order = torch.argsort(ids, stable=True)
         if bool((ids[order][1:] == ids[order][:-1]).any()):
-            raise ValueError("the two results share windows; merge only disjoint shards.")
+            raise TLGeometryError("the two results share windows; merge only disjoint shards.")
         merged = {k: torch.cat([self.per_sequence[k], other.per_sequence[k]])[order] for k in self.per_sequence}
         settings = dict(self.settings)
         if "n_windows" in settings:
@@ -251,7 +252,7 @@ class SeparabilityAccumulator:
     def result(self, settings: dict[str, Any], allow_empty: bool = False) -> GeometryResult:
         if not self.batches:
             if not allow_empty:
-                raise ValueError("no sequences were analysed: pass at least one window of tokens.")
+                raise TLGeometryError("no sequences were analysed: pass at least one window of tokens.")
             self.start_batch(torch.zeros(0, dtype=torch.long), int(settings.get("seq_len", 0)))
         per_sequence = {k: torch.cat([b[k] for b in self.batches]) for k in self.batches[0]}
         ids = torch.cat(self.window_ids)

@@ -25,7 +25,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .adapters import attention_weights, describe_model, sequence_nll, stream_layers
+from .adapters import ModelInfo, attention_weights, describe_model, sequence_nll, stream_layers
+from .errors import TLGeometryError
 from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, z_hook_name
 from .io import token_digest
 from .selection import top_order
@@ -67,7 +68,7 @@ def _check_heads(model: Any, heads: Iterable[Head]) -> dict[int, list[int]]:
     for item in heads:
         layer, head = (int(x) for x in item)
         if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads):
-            raise ValueError(f"head {(layer, head)} is out of range for {info.n_layers} layers × {info.n_heads} heads.")
+            raise TLGeometryError(f"head {(layer, head)} is out of range for {info.n_layers} layers × {info.n_heads} heads.")
         by_layer.setdefault(layer, [])
         if head not in by_layer[layer]:
             by_layer[layer].append(head)
@@ -100,7 +101,7 @@ def _reference_means(model, layers: Sequence[int], tokens: Tensor, mask: Tensor 
         model.run_with_hooks(batch_tokens, fwd_hooks=[(z_hook_name(layer), grab) for layer in layers], **kwargs)
         count += real.sum()
     if count == 0:
-        raise ValueError("the reference batch has no real token: mean ablation needs reference tokens.")
+        raise TLGeometryError("the reference batch has no real token: mean ablation needs reference tokens.")
     return {layer: (total / count) for layer, total in sums.items()}
 
 
@@ -120,13 +121,13 @@ def ablate_heads(
     padding).
     """
     if mode not in ABLATION_MODES:
-        raise ValueError(f"mode must be one of {ABLATION_MODES}; got {mode!r}.")
+        raise TLGeometryError(f"mode must be one of {ABLATION_MODES}; got {mode!r}.")
     by_layer = _check_heads(model, heads)
     flat = [(layer, head) for layer, hs in by_layer.items() for head in hs]
     hooks: list[tuple[str, Callable]] = []
     if mode == "mean":
         if reference_tokens is None:
-            raise ValueError("mode='mean' needs reference_tokens (the batch whose mean replaces the head).")
+            raise TLGeometryError("mode='mean' needs reference_tokens (the batch whose mean replaces the head).")
         means = _reference_means(model, list(by_layer), reference_tokens, reference_mask) if by_layer else {}
     for layer, hs in by_layer.items():
         index = torch.tensor(hs)
@@ -159,7 +160,7 @@ def ablate_regime(
     heads = taxonomy.heads(regime)
     if k is not None:
         if not 0 <= k <= len(heads):
-            raise ValueError(f"k={k} is out of range: the taxonomy has {len(heads)} {regime} heads.")
+            raise TLGeometryError(f"k={k} is out of range: the taxonomy has {len(heads)} {regime} heads.")
         pick = torch.randperm(len(heads), generator=torch.Generator().manual_seed(seed))[:k].sort().values
         heads = [heads[i] for i in pick.tolist()]
     return ablate_heads(model, heads, mode=mode, reference_tokens=reference_tokens, reference_mask=reference_mask)
@@ -176,14 +177,13 @@ def mean_nll(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None
             total += float(nll.sum())
             count += int(n.sum())
     if count == 0:
-        raise ValueError("no predicted token: windows need at least two real tokens.")
+        raise TLGeometryError("no predicted token: windows need at least two real tokens.")
     return total / count
 
 
 # ----- importance ------------------------------------------------------------------------------
 
-def _magnitude(model) -> Tensor:
-    info = describe_model(model)
+def _magnitude(model, info: ModelInfo) -> Tensor:
     rows = []
     for layer in range(info.n_layers):
         weights = attention_weights(model, layer)
@@ -191,8 +191,7 @@ def _magnitude(model) -> Tensor:
     return torch.stack(rows).float()
 
 
-def _entropy(model, tokens, mask, batch_size) -> Tensor:
-    info = describe_model(model)
+def _entropy(model, info: ModelInfo, tokens, mask, batch_size) -> Tensor:
     sums = torch.zeros(info.n_layers, info.n_heads, dtype=torch.float64)
     count = torch.zeros((), dtype=torch.float64)
 
@@ -202,14 +201,13 @@ def _entropy(model, tokens, mask, batch_size) -> Tensor:
         sums[layer] += (entropy * att.query_mask[:, None, :]).sum((0, 2)).cpu()
 
     for batch_tokens, batch_mask in _batches(tokens, mask, batch_size):
-        stream_layers(model, batch_tokens, on_layer, attention_mask=batch_mask)
+        stream_layers(model, batch_tokens, on_layer, attention_mask=batch_mask, info=info)
         count += batch_tokens.numel() if batch_mask is None else batch_mask.sum()
     return (-(sums / count)).float()  # diffuse (high-entropy) heads are removed first
 
 
-def _gradient(model, tokens, mask, batch_size) -> Tensor:
+def _gradient(model, info: ModelInfo, tokens, mask, batch_size) -> Tensor:
     """Michel et al. (2019): E_x |∂L(x)/∂ξ_h| for a gate ξ on each head's hook_z, ℓ2-normalised per layer."""
-    info = describe_model(model)
     total = torch.zeros(info.n_layers, info.n_heads, dtype=torch.float64)
     n_seq = 0
     for batch_tokens, batch_mask in _batches(tokens, mask, batch_size):
@@ -258,23 +256,23 @@ def head_importance(
     ``taxonomy`` or it is computed from ``tokens``).
     """
     if method not in IMPORTANCE_METHODS:
-        raise ValueError(f"method must be one of {IMPORTANCE_METHODS}; got {method!r}.")
+        raise TLGeometryError(f"method must be one of {IMPORTANCE_METHODS}; got {method!r}.")
     info = describe_model(model)
     if method == "magnitude":
-        return _magnitude(model)
+        return _magnitude(model, info)
     if method == "random":
         return torch.rand(info.n_layers, info.n_heads, generator=torch.Generator().manual_seed(seed))
     if method == "taxonomy" and taxonomy is not None:
         return taxonomy_importance(taxonomy)
     if tokens is None:
-        raise ValueError(f"method {method!r} needs tokens.")
+        raise TLGeometryError(f"method {method!r} needs tokens.")
     if method == "taxonomy":
         from .analysis import classify_heads
 
         return taxonomy_importance(classify_heads(model, tokens, attention_mask=attention_mask, progress=False))
     if method == "entropy":
-        return _entropy(model, tokens, attention_mask, batch_size)
-    return _gradient(model, tokens, attention_mask, batch_size)
+        return _entropy(model, info, tokens, attention_mask, batch_size)
+    return _gradient(model, info, tokens, attention_mask, batch_size)
 
 
 # ----- pruning and scans ---------------------------------------------------------------------
@@ -282,7 +280,7 @@ def head_importance(
 def heads_to_remove(importance: Tensor, retention: float) -> list[Head]:
     """The lowest-importance heads (ties to the lower flat index) leaving ``retention`` of them."""
     if not 0 <= retention <= 1:
-        raise ValueError(f"retention must lie in [0, 1]; got {retention}.")
+        raise TLGeometryError(f"retention must lie in [0, 1]; got {retention}.")
     n_heads = importance.shape[1]
     n_remove = importance.numel() - round(retention * importance.numel())
     order = torch.argsort(importance.flatten(), stable=True)[:n_remove]
@@ -321,8 +319,7 @@ def pruning_curve(
     return pd.DataFrame(rows)
 
 
-def _scan_key(model, tokens, mask, mode) -> str:
-    info = describe_model(model)
+def _scan_key(info: ModelInfo, tokens, mask, mode) -> str:
     return json.dumps({"model": info.model_name, "shape": [info.n_layers, info.n_heads], "mode": mode,
                        "tokens": token_digest(tokens, mask)})
 
@@ -347,15 +344,15 @@ def single_head_scan(
     from tqdm.auto import tqdm
 
     if mode not in ("zero", "mean"):
-        raise ValueError("single_head_scan supports mode 'zero' or 'mean'.")
+        raise TLGeometryError("single_head_scan supports mode 'zero' or 'mean'.")
     info = describe_model(model)
-    key = _scan_key(model, tokens, attention_mask, mode)
+    key = _scan_key(info, tokens, attention_mask, mode)
     result = torch.full((info.n_layers, info.n_heads), torch.nan, dtype=torch.float64)
     path = None if checkpoint is None else Path(checkpoint)
     if path is not None and path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("key") != key:
-            raise ValueError(f"{path} belongs to another scan (model, windows or mode differ); delete it or "
+            raise TLGeometryError(f"{path} belongs to another scan (model, windows or mode differ); delete it or "
                              "pass another checkpoint path.")
         result = torch.tensor(saved["delta_nll"], dtype=torch.float64)
     baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
@@ -449,7 +446,7 @@ def topn_deletion(
     info = describe_model(model)
     ns = tuple(int(x) for x in n_values)
     if not ns or min(ns) < 1:
-        raise ValueError(f"n_values must be integers ≥ 1; got {list(n_values)}.")
+        raise TLGeometryError(f"n_values must be integers ≥ 1; got {list(n_values)}.")
     baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
     deltas = []
     for n in tqdm(ns, desc="top-N deletion", disable=not progress):

@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .config import RunConfig
+from .errors import TLGeometryError
 from .metrics import inversion_bounds, separability, separability_over_rankings
 from .query_rows import check_values
 from .regime import (
@@ -110,7 +111,7 @@ def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: B
     """Measure one layer (see :class:`LayerMeasures`); ``random`` None (or 0 repeats) skips the
     random baseline. ``backend="auto"``: fused on CPU (when numba imports), torch elsewhere."""
     if backend not in ("auto", "fused", "torch"):
-        raise ValueError(f"backend must be 'auto', 'fused' or 'torch'; got {backend!r}.")
+        raise TLGeometryError(f"backend must be 'auto', 'fused' or 'torch'; got {backend!r}.")
     if backend == "auto":
         backend = "torch"
         if att.pattern.device.type == "cpu":

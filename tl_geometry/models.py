@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import TLGeometryError
+
 __all__ = ["BUNDLED_MODELS", "BundledModel", "cache_dir", "load_model", "model_cache_path"]
 
 # Bump when the cache layout or the conversion changes: older caches are then rebuilt.
@@ -242,7 +244,7 @@ def load_model(name: str = "smollm2-135m", *, device=None, dtype: torch.dtype = 
     try:
         model = TransformerBridge.boot_transformers(name, **kwargs)
     except OSError as exc:
-        raise OSError(
+        raise TLGeometryError(
             f"could not load model {name!r} from the Hugging Face hub ({exc}). Offline, use one of "
             f"the bundled models: {', '.join(BUNDLED_MODELS)}"
         ) from exc

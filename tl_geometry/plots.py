@@ -21,6 +21,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from .analysis import Analysis
+from .errors import TLGeometryError
 from .io import head_name
 from .taxonomy import REGIMES, HeadTaxonomy
 
@@ -40,7 +41,7 @@ def _n_index(res: Analysis, n: int | None) -> tuple[int, int]:
     if n is None:
         n = next((x for x in ns if x > 1), ns[0])
     if n not in ns:
-        raise ValueError(f"n={n} was not measured; have {list(ns)}.")
+        raise TLGeometryError(f"n={n} was not measured; have {list(ns)}.")
     return ns.index(n), n
 
 
@@ -92,7 +93,7 @@ def head_map(res: Analysis, color: str = "regime", n: int | None = None,
     else:
         if color == "delta_nll":
             if delta_nll is None:
-                raise ValueError("color='delta_nll' needs the delta_nll tensor (single_head_scan).")
+                raise TLGeometryError("color='delta_nll' needs the delta_nll tensor (single_head_scan).")
             values = delta_nll.reshape(-1)
         else:
             values = res.geometry.mean(color)
@@ -152,7 +153,7 @@ def sink_plots(res: Analysis) -> go.Figure:
     mean cos(v_0, v_j) by position j (a layer × lag heat map)."""
     geo = res.geometry
     if not geo.has_sink:
-        raise ValueError("this result has no sink diagnostics (run with sink=True).")
+        raise TLGeometryError("this result has no sink diagnostics (run with sink=True).")
     fig = make_subplots(rows=1, cols=3, subplot_titles=("non-sink / sink value norm", "mean cos(v_0, v_j)",
                                                         "cos(v_0, v_j) by position j"))
     layers = geo.n_layers
@@ -239,7 +240,7 @@ def head_drilldown(model: Any, text: str, layer: int, head: int, n: int = 4, *, 
     att = seen["att"]
     t = tokens.shape[1] - 1 if query is None else int(query)
     if not 0 < t < tokens.shape[1] or n >= t + 1:
-        raise ValueError(f"query {t} with N={n} is out of range for {tokens.shape[1]} tokens (need N < t + 1).")
+        raise TLGeometryError(f"query {t} with N={n} is out of range for {tokens.shape[1]} tokens (need N < t + 1).")
     alpha = att.pattern[0, head, t, :t + 1].double()
     v = att.v[0, :t + 1, head].double()
     y = alpha[:, None] * v

@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .errors import TLGeometryError
 from .query_rows import as_n_tuple, check_inputs, query_rows
 from .selection import precision_from_outside, top_order
 from .sink import value_norms_and_sink_cosines
@@ -178,7 +179,7 @@ def fit_regime(
         :class:`RegimeFit`, every field ``[batch, kv_head]`` (NaN where a sequence has no non-sink key).
     """
     if not isinstance(v, Tensor) or v.ndim != 4:
-        raise ValueError(f"v must be a tensor [batch, key, kv_head, d_head]; got shape {tuple(getattr(v, 'shape', ()))}.")
+        raise TLGeometryError(f"v must be a tensor [batch, key, kv_head, d_head]; got shape {tuple(getattr(v, 'shape', ()))}.")
     batch, n_k = v.shape[:2]
     values = v.to(torch.promote_types(v.dtype, torch.float32)).permute(0, 2, 1, 3)
     key_mask = torch.ones(batch, n_k, dtype=torch.bool, device=v.device) if key_mask is None else key_mask.bool()

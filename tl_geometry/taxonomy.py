@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .errors import TLGeometryError
 from .io import head_name, load_tensors, save_tensors
 from .query_rows import query_rows
 
@@ -130,7 +131,7 @@ class HeadTaxonomy:
     def dominant_offset(self) -> Int[Tensor, "layer head"]:
         """Most frequent ``t − w(t)`` among ``other`` votes (ties to the smaller offset); -1 without any."""
         if self.offsets is None:
-            raise ValueError("this taxonomy was built without offset counts.")
+            raise TLGeometryError("this taxonomy was built without offset counts.")
         any_other = self.offsets.sum(-1) > 0
         return torch.where(any_other, self.offsets.argmax(-1), -1)
 
@@ -141,7 +142,7 @@ class HeadTaxonomy:
     def heads(self, regime: str) -> list[tuple[int, int]]:
         """``(layer, head)`` of every head labelled ``regime``, in layer-major order."""
         if regime not in REGIMES:
-            raise ValueError(f"regime must be one of {REGIMES}; got {regime!r}.")
+            raise TLGeometryError(f"regime must be one of {REGIMES}; got {regime!r}.")
         return [tuple(x) for x in (self.label_ids == REGIMES.index(regime)).nonzero().tolist()]
 
     def fractions(self):
@@ -174,7 +175,7 @@ class HeadTaxonomy:
     def agreement(self, other: HeadTaxonomy) -> dict[str, float]:
         """Fraction of equal labels and Cohen's kappa between two taxonomies of the same model."""
         if self.shape != other.shape:
-            raise ValueError(f"taxonomies of different models: {self.shape} vs {other.shape} heads.")
+            raise TLGeometryError(f"taxonomies of different models: {self.shape} vs {other.shape} heads.")
         a, b = self.label_ids.flatten(), other.label_ids.flatten()
         observed = float((a == b).float().mean())
         expected = sum(float((a == k).float().mean() * (b == k).float().mean()) for k in range(len(REGIMES)))
@@ -184,7 +185,7 @@ class HeadTaxonomy:
     def merge(self, other: HeadTaxonomy) -> HeadTaxonomy:
         """Votes of two disjoint sets of windows (any split, any order): counts add."""
         if self.shape != other.shape:
-            raise ValueError("cannot merge taxonomies of different models.")
+            raise TLGeometryError("cannot merge taxonomies of different models.")
         offsets = None
         if self.offsets is not None and other.offsets is not None:
             width = max(self.offsets.shape[-1], other.offsets.shape[-1])

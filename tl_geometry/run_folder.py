@@ -1,0 +1,244 @@
+"""The layout of a run folder, owned in one place.
+
+A run folder holds one analysis and what was derived from it::
+
+    settings.json                 the run's configuration and provenance, with its run_id
+    geometry.safetensors          per-window separability, sink and regime results
+    taxonomy.safetensors          per-head votes
+    heads.csv, summary.csv        tables of the analysis
+    drilldown_<regime>.json       head drill-down figures
+    checkpoint.safetensors        an interrupted analysis (removed once it has finished)
+    pruning.csv, single_head_scan.csv, topn.csv, scan_checkpoint.json   from ``tl-geometry prune``
+    derived.json                  the run_id each derived table was computed from
+    report.html
+
+Every file is written atomically. A finished analysis is replaced only on request
+(``overwrite``), and then the tables derived from the old one go with it; the report reads a
+derived table only when ``derived.json`` says it belongs to the analysis beside it, so it never
+mixes the results of two analyses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import TLGeometryError
+from .io import atomic_path
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .analysis import Analysis
+
+__all__ = ["RunFolder", "DERIVED_TABLES"]
+
+# Tables derived from an analysis, with the columns each must have.
+DERIVED_TABLES = {
+    "pruning.csv": ("method", "retention", "delta_nll"),
+    "single_head_scan.csv": ("layer", "head", "name", "delta_nll"),
+    "topn.csv": ("n", "delta_nll", "renormalise"),
+}
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run folder (see the module docstring for its files)."""
+
+    path: Path
+
+    def __init__(self, path: str | Path):
+        object.__setattr__(self, "path", Path(path))
+
+    # ----- names --------------------------------------------------------------------------------
+    @property
+    def geometry(self) -> Path:
+        return self.path / "geometry.safetensors"
+
+    @property
+    def taxonomy(self) -> Path:
+        return self.path / "taxonomy.safetensors"
+
+    @property
+    def settings(self) -> Path:
+        return self.path / "settings.json"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoint.safetensors"
+
+    @property
+    def scan_checkpoint(self) -> Path:
+        return self.path / "scan_checkpoint.json"
+
+    @property
+    def report(self) -> Path:
+        return self.path / "report.html"
+
+    @property
+    def derived_manifest(self) -> Path:
+        return self.path / "derived.json"
+
+    def drilldown(self, regime: str) -> Path:
+        return self.path / f"drilldown_{regime}.json"
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the folder holds a finished analysis."""
+        return self.geometry.is_file() and self.taxonomy.is_file()
+
+    # ----- before an analysis -------------------------------------------------------------------
+    def check_new_analysis(self, *, overwrite: bool, resume: bool) -> None:
+        """Refuse to replace a finished analysis without ``overwrite``, or to resume one that has
+        no checkpoint; check that the folder can be written. Changes nothing on disk."""
+        if resume and not self.checkpoint.is_file() and self.is_finished:
+            raise TLGeometryError(f"{self.path} holds a finished analysis and no checkpoint: nothing to resume "
+                                  "(pass --overwrite instead of --resume to replace it)")
+        if self.is_finished and not overwrite and not resume:
+            raise TLGeometryError(f"{self.path} already holds a finished analysis: pass --overwrite to replace it "
+                                  "(and the pruning/scan results derived from it), or choose another --out")
+        self.check_writable()
+
+    def check_writable(self) -> None:
+        """The folder, or the nearest existing folder above it, must be a writable folder."""
+        existing = self.path
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            what = "is not a folder" if not existing.is_dir() else "is not writable"
+            raise TLGeometryError(f"output folder {str(self.path)!r} cannot be written: {str(existing)!r} {what}")
+
+    def create(self) -> None:
+        """Create the folder (once the run's inputs are valid: failed runs leave no empty folder)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TLGeometryError(f"cannot create output folder {str(self.path)!r} ({exc.strerror})") from None
+
+    def drop_stale_checkpoint(self) -> bool:
+        """Remove the checkpoint of an earlier interrupted run (call once the new run's inputs are
+        validated); True if there was one."""
+        if not self.checkpoint.is_file():
+            return False
+        self.checkpoint.unlink()
+        return True
+
+    # ----- the analysis -------------------------------------------------------------------------
+    def write_analysis(self, analysis: Analysis, settings: dict[str, Any], drilldowns: dict[str, str]) -> str:
+        """Write a finished analysis with its tables and drill-down figures (JSON by regime) and
+        return its new run_id. Tables derived from a previous analysis in this folder are removed
+        (their manifest first, so they are never attributed to the new one)."""
+        run_id = uuid.uuid4().hex
+        for result in (analysis.geometry, analysis.taxonomy):
+            result.settings["run_id"] = run_id
+        settings = {**settings, "run_id": run_id}
+        self.derived_manifest.unlink(missing_ok=True)
+        analysis.geometry.save(self.geometry)
+        analysis.taxonomy.save(self.taxonomy)
+        self._write_text(self.settings, json.dumps(settings, indent=1))
+        self._write_frame("heads.csv", analysis.heads_table())
+        self._write_frame("summary.csv", analysis.geometry.summary())
+        for stale in [*self.path.glob("drilldown_*.json"), *(self.path / name for name in DERIVED_TABLES),
+                      self.scan_checkpoint]:
+            if stale.name not in {f"drilldown_{regime}.json" for regime in drilldowns}:
+                stale.unlink(missing_ok=True)
+        for regime, figure in drilldowns.items():
+            self._write_text(self.drilldown(regime), figure)
+        return run_id
+
+    def read_analysis(self) -> Analysis:
+        """The finished analysis, or a :class:`TLGeometryError` that says what is missing."""
+        from .analysis import Analysis
+
+        if not self.is_finished:
+            raise TLGeometryError(f"{str(self.path)!r} is not a finished run folder (no geometry/taxonomy results): "
+                                  "run tl-geometry analyze first")
+        return Analysis.load(self.path)
+
+    def read_settings(self) -> dict[str, Any]:
+        try:
+            settings = json.loads(self.settings.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise TLGeometryError(f"cannot read {self.settings} ({exc}): rerun tl-geometry analyze") from None
+        if not isinstance(settings, dict):
+            raise TLGeometryError(f"{self.settings} is not a JSON object: rerun tl-geometry analyze")
+        return settings
+
+    def run_id(self) -> str | None:
+        """The run_id of the finished analysis (None for folders written before run ids)."""
+        return self.read_analysis().geometry.settings.get("run_id")
+
+    # ----- derived tables -----------------------------------------------------------------------
+    def write_derived(self, name: str, frame: pd.DataFrame, run_id: str | None) -> Path:
+        """Write a derived table and record that it belongs to the analysis ``run_id``."""
+        if name not in DERIVED_TABLES:
+            raise ValueError(f"unknown derived table {name!r}")
+        path = self._write_frame(name, frame)
+        manifest = self._manifest()
+        manifest[name] = run_id
+        self._write_text(self.derived_manifest, json.dumps(manifest, indent=1))
+        return path
+
+    def read_derived(self, run_id: str | None) -> tuple[dict[str, pd.DataFrame], list[str]]:
+        """The derived tables that belong to the analysis ``run_id`` (by name), and the names of
+        those present that belong to another analysis (ignored). A table with missing columns or
+        unreadable values raises :class:`TLGeometryError`."""
+        import pandas as pd
+
+        manifest = self._manifest()
+        tables, foreign = {}, []
+        for name, columns in DERIVED_TABLES.items():
+            path = self.path / name
+            if not path.is_file():
+                continue
+            # Folders written before run ids have no manifest: their tables are the analysis's own.
+            owner = manifest.get(name, run_id if run_id is None else "")
+            if owner != run_id:
+                foreign.append(name)
+                continue
+            try:
+                frame = pd.read_csv(path)
+            except (OSError, ValueError) as exc:
+                raise TLGeometryError(f"cannot read {path} ({exc}): rerun tl-geometry prune") from None
+            missing = [c for c in columns if c not in frame.columns]
+            if missing:
+                raise TLGeometryError(f"{path} lacks the columns {', '.join(missing)}: it was not written by "
+                                      "tl-geometry prune; rerun it")
+            tables[name] = frame
+        return tables, foreign
+
+    def read_drilldowns(self) -> list:
+        import plotly.io
+
+        figures = []
+        for path in sorted(self.path.glob("drilldown_*.json")):
+            try:
+                figures.append(plotly.io.read_json(path))
+            except (OSError, ValueError) as exc:
+                raise TLGeometryError(f"cannot read {path} ({exc}): rerun tl-geometry analyze") from None
+        return figures
+
+    # ----- helpers ------------------------------------------------------------------------------
+    def _manifest(self) -> dict[str, Any]:
+        if not self.derived_manifest.is_file():
+            return {}
+        try:
+            manifest = json.loads(self.derived_manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}  # unreadable: no derived table is trusted
+        return manifest if isinstance(manifest, dict) else {}
+
+    def _write_text(self, path: Path, text: str) -> Path:
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+        return path
+
+    def _write_frame(self, name: str, frame: pd.DataFrame) -> Path:
+        path = self.path / name
+        with atomic_path(path) as tmp:
+            frame.to_csv(tmp, index=False)
+        return path
