@@ -62,7 +62,7 @@ def hook_names(layer: int) -> tuple[str, str]:
 
 @dataclass
 class LayerAttention:
-    """Attention of one layer, ready for geometry (float32 or wider, left-aligned).
+    """Attention of one layer, ready for geometry (left-aligned, in the model's dtype).
 
     Attributes:
         layer: layer index.
@@ -270,9 +270,9 @@ def _build_layer(
             f"layer {layer}: hook_pattern {tuple(pattern.shape)} and hook_v {tuple(v.shape)} disagree; "
             "expected pattern [batch, head, pos, pos] and v [batch, pos, kv_head, d_head] from the same run."
         )
-    dtype = torch.promote_types(pattern.dtype, torch.float32)
-    pattern = pattern.detach().to(dtype)
-    v = v.detach().to(dtype)
+    # The model's own dtype: every consumer computes in float32 or wider, and the row checks fit
+    # their tolerance to the dtype the softmax was computed in.
+    pattern, v = pattern.detach(), v.detach()
     if n_heads % v.shape[2]:
         raise TLGeometryError(
             f"hook_v has {v.shape[2]} kv heads, which does not divide the pattern's {n_heads} query heads; "

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,9 +130,9 @@ class Checkpoint:
             return 0
         try:
             tensors, meta = load_tensors(self.path, "Checkpoint")
-        except TLGeometryError as exc:
-            raise TLGeometryError(f"{exc.args[0].split(':')[0]}: the checkpoint is damaged; rerun without --resume "
-                                  "(it starts again from the first window)") from None
+        except TLGeometryError:
+            raise TLGeometryError(f"cannot read the checkpoint {self.path} (damaged or truncated): rerun without "
+                                  "--resume, which starts again from the first window") from None
         if meta.get("key") != self.key:
             raise TLGeometryError(
                 f"checkpoint {str(self.path)!r} was written by a run with other settings (model, windows, N, "
@@ -162,6 +163,16 @@ def _stream_windows(model, info, tokens, attention_mask, batch_size, progress, o
         stream_layers(model, tokens[rows], on_layer, attention_mask=mask, info=info)
         if after_batch is not None:
             after_batch()
+
+
+def _warn_not_measurable(config: RunConfig, tokens: Tensor, attention_mask: Tensor | None) -> None:
+    """Refuse a run where no N can be measured; warn of the N that will be NaN and why."""
+    longest = int(tokens.shape[1] if attention_mask is None else attention_mask.sum(1).max())
+    if len(config.unmeasurable_n(longest)) == len(config.n):
+        raise TLGeometryError(f"no N in {list(config.n)} is measurable on sequences of at most {longest} tokens: "
+                              "N must be fewer than a query's candidate sources; pass smaller n or longer texts.")
+    if config.unmeasurable_n(longest):  # the first reason; a skipped baseline (repeats=0) was asked for
+        warnings.warn(f"results will be NaN for {config.not_measurable(longest)[0]}.", stacklevel=3)
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -249,6 +260,7 @@ def analyze(
     _check_batch_size(batch_size)
     info = describe_model(model)
     info.check_length(int(tokens.shape[1]))
+    _warn_not_measurable(config, tokens, attention_mask)
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
     rank, world_size = world()
     if distributed is not False and world_size > 1:  # this rank's shard; merged at the end

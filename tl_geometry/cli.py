@@ -88,15 +88,21 @@ def _write_report(run: RunFolder, say=print) -> Path:
     if "single_head_scan.csv" in tables:
         frame = tables["single_head_scan.csv"]
         scan = torch.full(analysis.taxonomy.shape, torch.nan)
-        layers, heads = frame["layer"].to_numpy(), frame["head"].to_numpy()
-        if frame.empty or layers.min() < 0 or heads.min() < 0 or layers.max() >= scan.shape[0] or heads.max() >= scan.shape[1]:
+        try:  # torch.tensor copies: pandas' read-only arrays would make torch warn
+            layers, heads = torch.tensor(frame["layer"].tolist()), torch.tensor(frame["head"].tolist())
+            values = torch.tensor(frame["delta_nll"].tolist(), dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            layers = None
+        if layers is None or layers.dtype != torch.int64 or heads.dtype != torch.int64 or frame.empty or \
+                int(layers.min()) < 0 or int(heads.min()) < 0 or int(layers.max()) >= scan.shape[0] or \
+                int(heads.max()) >= scan.shape[1]:
             raise TLGeometryError(f"{run.path / 'single_head_scan.csv'} does not fit this analysis's "
                                   f"{scan.shape[0]}×{scan.shape[1]} heads: rerun tl-geometry prune")
-        scan[layers, heads] = torch.tensor(frame["delta_nll"].to_numpy(dtype="float64")).float()
+        scan[layers, heads] = values.float()
         extras["scan"] = scan
     if "topn.csv" in tables:
         frame = tables["topn.csv"]
-        extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].to_numpy(dtype="float64")),
+        extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].tolist(), dtype=torch.float64),
                                        float("nan"), bool(renorm), {}) for renorm, part in frame.groupby("renormalise")]
     settings = analysis.geometry.settings
     title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
@@ -118,6 +124,7 @@ def _model_options(args: argparse.Namespace) -> dict:
 
 
 def _analyze(args: argparse.Namespace) -> None:
+    from .adapters import describe_model
     from .analysis import analyze
     from .config import RunConfig
     from .corpus import load_corpus, make_windows
@@ -147,12 +154,10 @@ def _analyze(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model = load_model(args.model, **_model_options(args))
     say(f"loaded {args.model} in {time.perf_counter() - start:.1f}s")
+    describe_model(model).check_length(args.seq_len)
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
-    from .adapters import describe_model
-
-    describe_model(model).check_length(args.seq_len)
     # The inputs are valid: only now may an earlier run's checkpoint go.
     if args.resume and not run.checkpoint.is_file():
         say(f"no checkpoint in {run.path}: starting from the first window")
@@ -177,6 +182,8 @@ def _analyze(args: argparse.Namespace) -> None:
     for row in summary.itertuples():
         say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
             f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
+    for reason in result.not_measurable():
+        say(f"  NaN means {reason}")
     overall = analysis.taxonomy.fractions().iloc[-1]
     say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
     say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "

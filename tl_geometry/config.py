@@ -83,6 +83,22 @@ class RunConfig:
             return RANDOM_DRAWS
         return math.ceil(RANDOM_DRAWS / max(1, seq_len - 1))  # queries 1..L-1 have ≥ 2 sources
 
+    def unmeasurable_n(self, seq_len: int) -> tuple[int, ...]:
+        """The N values no query of a ``seq_len``-token window can measure: a query needs more
+        candidate sources than N (its ``t + 1`` sources, less the sink with ``exclude_sink``)."""
+        return tuple(n for n in self.n if n >= seq_len - int(self.exclude_sink))
+
+    def not_measurable(self, seq_len: int) -> list[str]:
+        """Why some results of windows of ``seq_len`` tokens will be NaN, one sentence each."""
+        reasons = []
+        unmeasurable = self.unmeasurable_n(seq_len)
+        if unmeasurable:
+            reasons.append(f"N = {', '.join(map(str, unmeasurable))}: not measurable, windows of {seq_len} tokens "
+                           f"give at most {seq_len - int(self.exclude_sink)} candidate sources (N must be fewer)")
+        if self.random_repeats(seq_len) == 0:
+            reasons.append("f_random and gap: not measured, the random baseline was skipped (repeats = 0)")
+        return reasons
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values (``n`` as a list)."""
         out = asdict(self)

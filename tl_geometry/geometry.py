@@ -124,6 +124,13 @@ class GeometryResult:
         """Whether the run measured the sink diagnostics and the regime (``sink=True``)."""
         return "norm_ratio" in self.per_sequence
 
+    def not_measurable(self) -> list[str]:
+        """Why some of these results are NaN ("not measurable"), one sentence each (empty when
+        every N was measurable and the random baseline ran)."""
+        if "seq_len" not in self.settings:
+            return []
+        return RunConfig.from_dict(self.settings).not_measurable(int(self.settings["seq_len"]))
+
     def _bootstrap(self, per_sequence: Tensor, replicates: int | None = None) -> Tensor:
         """Bootstrap over the first axis with the run's replicate count and seed."""
         replicates = replicates or int(self.settings.get("bootstrap", 2000))

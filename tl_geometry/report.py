@@ -112,6 +112,9 @@ def build_report(
         heads["delta_nll_alone"] = scan.reshape(-1).double().numpy()
     head_rows = {row["name"]: {k: _clean(v) for k, v in row.items()} for row in heads.to_dict(orient="records")}
 
+    reasons = geo.not_measurable()
+    notes = "" if not reasons else "<h2>Not measurable</h2>\n<ul>" + "".join(
+        f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>\n"
     blocks = "\n".join(f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i, is_map)}"
                        for i, (name, fig, is_map) in enumerate(figures))
     return f"""<!DOCTYPE html>
@@ -130,7 +133,7 @@ th {{ background: #f3f3f3; }}
 <h1>{html.escape(title)}</h1>
 <h2>Run settings</h2>
 {_table(setting_rows, ["setting", "value"])}
-<h2>Claims of the paper (SPEC §10) and what this run measured</h2>
+{notes}<h2>Claims of the paper (SPEC §10) and what this run measured</h2>
 {_table(claims, ["id", "paper", "measured", "holds", "rule"])}
 <div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
 <script>
@@ -142,7 +145,8 @@ function showHead(name) {{
   var table = document.getElementById('tlg-head-table'); table.textContent = '';
   Object.keys(row).forEach(function (key) {{
     var tr = table.insertRow(); tr.insertCell().textContent = key;
-    var value = row[key]; tr.insertCell().textContent = (typeof value === 'number') ? value.toPrecision(4) : String(value);
+    var value = row[key]; tr.insertCell().textContent = (typeof value === 'number') ? value.toPrecision(4) :
+      (value === null ? 'not measurable' : String(value));
   }});
 }}
 </script>
