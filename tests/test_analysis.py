@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import tl_geometry as tlg
+from tl_geometry.errors import TLGeometryError
 from tl_geometry.taxonomy import vote_counts
 
 from .tiny import random_tokens, tiny_bridge
@@ -17,6 +19,12 @@ def test_one_pass_equals_separate_passes_and_per_layer_votes(tmp_path):
     alone = tlg.analyze_separability(model, tokens, (1, 2, 4), repeats=2, batch_size=5, progress=False, bootstrap=20)
     for key, value in alone.per_sequence.items():
         torch.testing.assert_close(res.geometry.per_sequence[key], value, equal_nan=True, atol=1e-6, rtol=0)
+    # Independently: the public kernel on each layer of a cached run, last query of each window.
+    _, cache = model.run_with_cache(tokens)
+    for layer in range(3):
+        att = tlg.read_layer(cache, layer)
+        sep = tlg.separability(att.pattern, att.kv_values, (1, 2, 4), queries="last")
+        torch.testing.assert_close(res.geometry.per_sequence["f_top"][:, layer], sep.f[:, :, 0], atol=1e-6, rtol=0)
     tax = tlg.classify_heads(model, tokens, batch_size=3, progress=False)
     assert torch.equal(tax.votes, res.taxonomy.votes) and torch.equal(tax.offsets, res.taxonomy.offsets)
     _, cache = model.run_with_cache(tokens)
@@ -24,13 +32,23 @@ def test_one_pass_equals_separate_passes_and_per_layer_votes(tmp_path):
     assert torch.equal(res.taxonomy.votes[2], vote_counts(att.pattern, att.v).sum(0))
     table = res.heads_table()
     assert len(table) == 3 * 4 and table["name"].iloc[5] == "L1H1"
-    assert set(table["regime"]) <= {"retriever", "mixer", "reset"}
-    assert res.regime_means("align_sink").shape[1] == 3
+    assert table["regime"].tolist() == [label for row in res.taxonomy.labels for label in row]
+    gap = res.geometry.mean("f_top") - res.geometry.mean("f_random")
+    assert torch.allclose(torch.tensor(table["gap@2"].to_numpy()), gap[..., 1].reshape(-1).double(), equal_nan=True)
+    assert torch.allclose(torch.tensor(table["norm_ratio"].to_numpy()),
+                          res.geometry.mean("norm_ratio").reshape(-1).double(), equal_nan=True)
+    means = res.regime_means("align_sink")
+    align = res.geometry.mean("align_sink").reshape(12, 3).double()
+    for regime in means.index:  # a plain per-regime mean over the table's heads
+        rows = [i for i, label in enumerate(table["regime"]) if label == regime]
+        expected = align[rows].nanmean(0) if rows else torch.full((3,), float("nan"), dtype=torch.float64)
+        assert torch.allclose(torch.tensor(means.loc[regime].to_numpy(dtype=float)), expected, equal_nan=True)
     res.save(tmp_path / "run")
     back = tlg.Analysis.load(tmp_path / "run")
     assert torch.equal(back.taxonomy.votes, res.taxonomy.votes) and back.geometry.n == res.geometry.n
 
 
+@pytest.mark.slow
 def test_texts_are_tokenised_with_bos_and_right_padding(smollm2):
     texts = ["The cat sat on the mat.", "Paris is the capital of France, a country in Europe."]
     tokens, mask = tlg.tokenize_texts(smollm2, texts)
@@ -91,3 +109,58 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
         assert "other settings" in str(exc)
     else:
         raise AssertionError("a checkpoint of other settings was accepted")
+
+
+def test_bad_input_to_analyze_is_one_clear_error(tmp_path):
+    model = tiny_bridge(4, 2)  # n_ctx 64
+    tokens = random_tokens(2, 9, seed=1)
+    cases = [
+        (dict(tokens_or_texts=tokens, batch_size=0), "batch_size must be an int ≥ 1"),
+        (dict(tokens_or_texts=random_tokens(1, 65)), "65 tokens per sequence exceed .* context of 64"),
+        (dict(tokens_or_texts=tokens.float()), "token ids must be integers"),
+        (dict(tokens_or_texts=tokens, attention_mask=torch.tensor([[1] * 9, [0] * 9])), r"rows \[1\] have no real token"),
+        (dict(tokens_or_texts=tokens, n=(9, 16)), "no N in \\[9, 16\\] is measurable"),
+        (dict(tokens_or_texts=tokens[:0]), "at least one window"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(TLGeometryError, match=message):
+            tlg.analyze(model, progress=False, bootstrap=10, **kwargs)
+    damaged = tmp_path / "checkpoint.safetensors"
+    damaged.write_bytes(b"not a checkpoint")
+    with pytest.raises(TLGeometryError, match="cannot read the checkpoint .*rerun without --resume"):
+        tlg.analyze(model, tokens, (1, 2), progress=False, bootstrap=10, checkpoint=damaged)
+    assert damaged.read_bytes() == b"not a checkpoint"
+
+
+def test_numpy_token_ids_equal_torch_token_ids():
+    model = tiny_bridge(4, 2)
+    tokens = random_tokens(2, 9, seed=1)
+    a = tlg.analyze(model, tokens, (1, 2), repeats=1, progress=False, bootstrap=10)
+    b = tlg.analyze(model, tokens.numpy(), (1, 2), repeats=1, progress=False, bootstrap=10)
+    torch.testing.assert_close(a.geometry.per_sequence["f_top"], b.geometry.per_sequence["f_top"], equal_nan=True)
+
+
+def test_unmeasurable_n_warns_with_the_reason():
+    model = tiny_bridge(4, 2)
+    with pytest.warns(UserWarning, match="N = 8, 16: not measurable, windows of 8 tokens give at most 8"):
+        res = tlg.analyze(model, random_tokens(2, 8, seed=1), (1, 8, 16), repeats=1, progress=False, bootstrap=10)
+    assert res.geometry.mean("f_top")[..., 1:].isnan().all() and not res.geometry.mean("f_top")[..., 0].isnan().any()
+    assert "N = 8, 16" in res.geometry.not_measurable()[0]
+
+
+def test_the_model_is_described_once_per_analysis(monkeypatch):
+    import tl_geometry.adapters as adapters
+    import tl_geometry.analysis as analysis_module
+
+    calls = []
+    real = adapters.describe_model
+
+    def counting(model):
+        calls.append(1)
+        return real(model)
+
+    monkeypatch.setattr(analysis_module, "describe_model", counting)
+    monkeypatch.setattr(adapters, "describe_model", counting)
+    tlg.analyze(tiny_bridge(4, 2), random_tokens(6, 9, seed=1), (1, 2), repeats=1, batch_size=2, progress=False,
+                bootstrap=10)
+    assert len(calls) == 1  # three batches

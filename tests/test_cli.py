@@ -4,7 +4,107 @@ from __future__ import annotations
 
 import pytest
 
-from tl_geometry.cli import main
+from tl_geometry.cli import build_parser, main
+
+from .test_run_folder import snapshot
+
+
+def _finished(folder):
+    """A folder that looks like a finished analysis (what the checks before the model look at)."""
+    folder.mkdir()
+    for name in ("geometry.safetensors", "taxonomy.safetensors", "heads.csv", "pruning.csv"):
+        (folder / name).write_text(f"old {name}")
+
+
+def _interrupted(folder):
+    folder.mkdir()
+    (folder / "checkpoint.safetensors").write_text("an earlier run's state")
+
+
+def _corpus(name, data: bytes):
+    def make(folder):
+        folder.mkdir()
+        (folder / name).write_bytes(data)
+    return make
+
+
+# (arguments with {dir} for a scratch folder, how to prepare it, what the one line must say).
+# Every case fails before the model loads and must leave the folder exactly as it was.
+CASES = {
+    "finished run, no --overwrite": (["analyze", "--out", "{dir}"], _finished, "already holds a finished analysis"),
+    "finished run, --resume, no checkpoint": (["analyze", "--out", "{dir}", "--resume"], _finished, "nothing to resume"),
+    "checkpoint kept on a corpus typo": (["analyze", "--out", "{dir}", "--corpus", "python-refrence"], _interrupted,
+                                         "unknown corpus 'python-refrence'"),
+    "seq-len 0": (["analyze", "--out", "{dir}/run", "--seq-len", "0"], None, "--seq-len must be ≥ 2"),
+    "seq-len 1": (["analyze", "--out", "{dir}/run", "--seq-len", "1", "--n", "1"], None, "--seq-len must be ≥ 2"),
+    "windows 0": (["analyze", "--out", "{dir}/run", "--windows", "0"], None, "--windows must be ≥ 1"),
+    "batch-size 0": (["analyze", "--out", "{dir}/run", "--batch-size", "0"], None, "--batch-size must be ≥ 1"),
+    "repeats -1": (["analyze", "--out", "{dir}/run", "--repeats", "-1"], None, "repeats must be 'auto' or an int ≥ 0"),
+    "jsonl array line": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/c.jsonl"],
+                         _corpus("c.jsonl", b'{"text": "fine"}\n[1, 2]\n'), "c.jsonl:2: each line must be a JSON object"),
+    "jsonl number line": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/c.jsonl"],
+                          _corpus("c.jsonl", b"3\n"), "(got int)"),
+    "jsonl null text": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/c.jsonl"],
+                        _corpus("c.jsonl", b'{"text": null}\n'), "text=None"),
+    "non-UTF-8 text": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/c.txt"],
+                       _corpus("c.txt", "caf\u00e9".encode("latin-1")), "c.txt' is not UTF-8"),
+    "report of an empty folder": (["report", "{dir}"], lambda folder: folder.mkdir(), "not a finished run folder"),
+    "report of a garbage result": (["report", "{dir}"], _finished, "cannot read"),
+    "prune of a garbage result": (["prune", "{dir}"], _finished, "cannot read"),
+    "prune with --windows 0": (["prune", "{dir}", "--windows", "0"], _finished, "--windows must be ≥ 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, capsys, tmp_path):
+    argv, prepare, message = CASES[case]
+    folder = tmp_path / "dir"
+    if prepare is not None:
+        prepare(folder)
+    before = snapshot(folder) if folder.exists() else None
+    assert main([part.replace("{dir}", str(folder)) for part in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tl-geometry: error: ") and err.count("\n") == 1 and message in err, err
+    assert (snapshot(folder) if folder.exists() else None) == before  # nothing written, moved or deleted
+
+
+def test_a_real_bug_keeps_its_traceback(monkeypatch):
+    import tl_geometry.cli as cli
+
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    parser = build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["report"].set_defaults(handler=broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["report", "anywhere"])
+
+
+@pytest.mark.parametrize(("command", "advice"), [("analyze", "--resume"), ("prune", "the single-head scan continues")])
+def test_interrupt_advice_fits_the_command(command, advice, capsys, monkeypatch):
+    import tl_geometry.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    parser = build_parser()
+    parser._subparsers._group_actions[0].choices[command].set_defaults(handler=interrupted)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert main([command] + (["somewhere"] if command == "prune" else [])) == 130
+    err = capsys.readouterr().err
+    assert advice in err and (command == "analyze" or "--resume" not in err)
+
+
+def test_every_option_has_help_and_shows_its_default():
+    for name in ("analyze", "prune", "report"):
+        sub = build_parser()._subparsers._group_actions[0].choices[name]
+        for action in sub._actions:
+            if action.dest != "help":
+                assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+        text = sub.format_help()
+        if name == "analyze":
+            assert "(default: smollm2-135m)" in text and "(default: 256)" in text and "(default: 64)" in text
 
 
 def test_unknown_model_is_one_line_error(capsys):

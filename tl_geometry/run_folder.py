@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,12 +133,12 @@ class RunFolder:
         return its new run_id. Tables derived from a previous analysis in this folder are removed
         (their manifest first, so they are never attributed to the new one)."""
         run_id = uuid.uuid4().hex
-        for result in (analysis.geometry, analysis.taxonomy):
-            result.settings["run_id"] = run_id
+        geometry, taxonomy = (replace(result, settings={**result.settings, "run_id": run_id})
+                              for result in (analysis.geometry, analysis.taxonomy))
         settings = {**settings, "run_id": run_id}
         self.derived_manifest.unlink(missing_ok=True)
-        analysis.geometry.save(self.geometry)
-        analysis.taxonomy.save(self.taxonomy)
+        geometry.save(self.geometry)
+        taxonomy.save(self.taxonomy)
         self._write_text(self.settings, json.dumps(settings, indent=1))
         self._write_frame("heads.csv", analysis.heads_table())
         self._write_frame("summary.csv", analysis.geometry.summary())
