@@ -188,3 +188,42 @@ def test_prune_and_report_fill_the_same_run(capsys, smollm2, tmp_path):
     assert capsys.readouterr().out.strip() == str((out / "report.html").resolve())
     assert "Pruning curves" in page and "Single-head removal" in page and "Inside one head" in page
     assert main(["report", str(tmp_path / "nothing")]) == 2
+
+
+@pytest.mark.slow
+def test_short_windows_run_to_the_end(capsys, smollm2, tmp_path):
+    out = tmp_path / "short"
+    assert main(["analyze", "--windows", "2", "--seq-len", "3", "--n", "1,2", "--out", str(out), "--quiet"]) == 0
+    assert (out / "report.html").is_file() and list(out.glob("drilldown_*.json"))
+
+
+@pytest.mark.slow
+def test_context_length_is_checked_before_any_window_is_cut(capsys, smollm2, tmp_path):
+    assert main(["analyze", "--seq-len", "8300", "--n", "1", "--windows", "1", "--out", str(tmp_path / "long")]) == 2
+    assert "8300 tokens per sequence exceed" in capsys.readouterr().err and not (tmp_path / "long").exists()
+
+
+@pytest.mark.slow
+def test_bfloat16_run_agrees_with_float32(capsys, smollm2, tmp_path):
+    import pandas as pd
+
+    args = ["analyze", "--windows", "2", "--seq-len", "64", "--n", "1,2,4", "--repeats", "2", "--quiet"]
+    for dtype in ("float32", "bfloat16"):
+        assert main([*args, "--dtype", dtype, "--out", str(tmp_path / dtype)]) == 0
+    f32, b16 = (pd.read_csv(tmp_path / dtype / "heads.csv") for dtype in ("float32", "bfloat16"))
+    assert (f32["regime"] == b16["regime"]).mean() >= 0.9
+    assert (f32["f_top@2"] - b16["f_top@2"]).abs().mean() < 0.05
+
+
+@pytest.mark.slow
+def test_a_new_analysis_replaces_the_old_one_and_what_came_from_it(capsys, smollm2, tmp_path):
+    out = tmp_path / "run"
+    args = ["analyze", "--windows", "1", "--seq-len", "16", "--n", "1,2", "--repeats", "1", "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    assert main(["prune", str(out), "--windows", "2", "--seq-len", "16", "--scan-windows", "1", "--scan-seq-len", "8",
+                 "--quiet"]) == 0
+    assert "Pruning curves" in (out / "report.html").read_text()
+    before = snapshot(out)
+    assert main(args) == 2 and snapshot(out) == before  # refused: nothing changed
+    assert main([*args, "--overwrite", "--seed", "1"]) == 0
+    assert not (out / "pruning.csv").exists() and "Pruning curves" not in (out / "report.html").read_text()
