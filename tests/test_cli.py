@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tl_geometry.cli import build_parser, main
+from tl_geometry.errors import TLGeometryError
 
 from .test_run_folder import snapshot
 
@@ -163,6 +164,12 @@ def test_interrupted_analyze_resumes_to_identical_results(capsys, smollm2, tmp_p
     assert main([*args, "--out", str(tmp_path / "cut")]) == 130
     assert "--resume" in capsys.readouterr().err and (tmp_path / "cut" / "checkpoint.safetensors").is_file()
     monkeypatch.setattr(analysis_module, "stream_layers", real_stream)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "checkpoint.safetensors").write_bytes((tmp_path / "cut" / "checkpoint.safetensors").read_bytes())
+    assert main([*args[:-1], "--out", str(fresh)]) == 0  # no --resume: the stale checkpoint goes, after the checks
+    assert "removed the checkpoint of an earlier interrupted run" in capsys.readouterr().out
+    assert not (fresh / "checkpoint.safetensors").exists() and (fresh / "report.html").is_file()
     assert main([*args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
     assert not (tmp_path / "cut" / "checkpoint.safetensors").exists()
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "cut" / "heads.csv"), pd.read_csv(tmp_path / "whole" / "heads.csv"))
@@ -227,3 +234,22 @@ def test_a_new_analysis_replaces_the_old_one_and_what_came_from_it(capsys, smoll
     assert main(args) == 2 and snapshot(out) == before  # refused: nothing changed
     assert main([*args, "--overwrite", "--seed", "1"]) == 0
     assert not (out / "pruning.csv").exists() and "Pruning curves" not in (out / "report.html").read_text()
+
+
+def test_model_flags_reach_load_model(monkeypatch, capsys, tmp_path):
+    import torch
+
+    import tl_geometry.models as models
+
+    seen = {}
+
+    def load_model(name, **options):
+        seen.update(options, name=name)
+        raise TLGeometryError("stop after loading")
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    argv = ["analyze", "--out", str(tmp_path / "run"), "--dtype", "bfloat16", "--device", "cpu", "--device-map",
+            "auto", "--n-devices", "2"]
+    assert main(argv) == 2 and "stop after loading" in capsys.readouterr().err
+    assert seen == {"name": "smollm2-135m", "dtype": torch.bfloat16, "device": "cpu", "device_map": "auto",
+                    "n_devices": 2}

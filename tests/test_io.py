@@ -1,0 +1,39 @@
+"""Results on disk: kinds are checked, writes are atomic, names and digests are stable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tl_geometry.errors import TLGeometryError
+from tl_geometry.io import atomic_path, head_name, load_tensors, save_tensors, token_digest
+
+
+def test_a_file_of_another_kind_is_refused(tmp_path):
+    path = tmp_path / "x.safetensors"
+    save_tensors(path, "GeometryResult", {"a": torch.arange(3)}, n=[1, 2])
+    tensors, meta = load_tensors(path, "GeometryResult")
+    assert torch.equal(tensors["a"], torch.arange(3)) and meta == {"n": [1, 2]}
+    with pytest.raises(TLGeometryError, match="does not hold a HeadTaxonomy .*GeometryResult"):
+        load_tensors(path, "HeadTaxonomy")
+    with pytest.raises(TLGeometryError, match="cannot read .*missing"):
+        load_tensors(tmp_path / "absent.safetensors", "GeometryResult")
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "table.csv"
+    path.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
+        tmp.write_text("half of the new")
+        raise RuntimeError("killed while writing")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["table.csv"]
+    with atomic_path(path) as tmp:
+        tmp.write_text("new")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["table.csv"]
+
+
+def test_names_and_digests():
+    assert head_name(12, 3) == "L12H3"
+    tokens = torch.tensor([[1, 2, 3]])
+    assert token_digest(tokens) == token_digest(tokens.clone()) != token_digest(tokens + 1)
+    assert token_digest(tokens, torch.tensor([[1, 1, 0]])) != token_digest(tokens, torch.tensor([[1, 1, 1]]))
