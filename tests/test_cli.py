@@ -198,10 +198,35 @@ def test_prune_and_report_fill_the_same_run(capsys, smollm2, tmp_path):
 
 
 @pytest.mark.slow
-def test_short_windows_run_to_the_end(capsys, smollm2, tmp_path):
+@pytest.mark.parametrize("seq_len", [2, 4])
+def test_short_windows_run_to_the_end_and_say_what_is_nan(capsys, smollm2, tmp_path, seq_len):
     out = tmp_path / "short"
-    assert main(["analyze", "--windows", "2", "--seq-len", "3", "--n", "1,2", "--out", str(out), "--quiet"]) == 0
-    assert (out / "report.html").is_file() and list(out.glob("drilldown_*.json"))
+    assert main(["analyze", "--windows", "2", "--seq-len", str(seq_len), "--n", "1", "--repeats", "0",
+                 "--out", str(out), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "no checkpoint in" in printed and "starting from the first window" in printed
+    assert "NaN means f_random and gap: not measured, the random baseline was skipped (repeats = 0)" in printed
+    page = (out / "report.html").read_text()
+    assert list(out.glob("drilldown_*.json")) and "Not measurable" in page
+
+
+def test_report_refuses_a_malformed_derived_table(capsys, tmp_path):
+    import pandas as pd
+
+    import tl_geometry as tlg
+    from tl_geometry.run_folder import RunFolder
+
+    from .tiny import random_tokens, tiny_bridge
+
+    run = RunFolder(tmp_path)
+    analysis = tlg.analyze(tiny_bridge(4, 2), random_tokens(2, 8), (1, 2), repeats=1, progress=False, bootstrap=10)
+    run_id = run.write_analysis(analysis, {}, {})
+    run.write_derived("topn.csv", pd.DataFrame({"n": ["one"], "delta": [0.1]}), run_id)
+    before = snapshot(tmp_path)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "topn.csv lacks the columns delta_nll, renormalise" in err
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.slow

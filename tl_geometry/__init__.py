@@ -8,6 +8,7 @@ from . import plots
 from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
 from .analysis import Analysis, analyze, analyze_separability, classify_heads, tokenize_texts
 from .config import RunConfig
+from .errors import TLGeometryError
 from .geometry import GeometryResult
 from .interventions import (
     ABLATION_MODES,
@@ -47,6 +48,7 @@ __all__ = [
     "topn_deletion",
     "Analysis",
     "RunConfig",
+    "TLGeometryError",
     "analyze",
     "classify_heads",
     "tokenize_texts",
