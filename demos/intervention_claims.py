@@ -1,4 +1,4 @@
-"""Intervention claims (SPEC §10: C8, C9) on a bundled model, as Markdown.
+"""Intervention claims (docs/metrics.md#claims: C8, C9) on a bundled model, as Markdown.
 
     python demos/intervention_claims.py --model smollm2-135m > out.md
 

@@ -1,4 +1,4 @@
-"""Reproduce claims C1–C11 of SPEC §10 on the bundled models; writes Markdown under docs/results/.
+"""Reproduce claims C1–C11 of docs/metrics.md#claims on the bundled models; writes Markdown under docs/results/.
 
     python demos/reproduce.py                      # both models, ~1.5 h on 2 CPU cores
     python demos/reproduce.py --models smollm2-135m

@@ -1,4 +1,4 @@
-"""Sink and regime claims (SPEC §10: C2, C3, C4, C10, C11) on a bundled model, as Markdown.
+"""Sink and regime claims (docs/metrics.md#claims: C2, C3, C4, C10, C11) on a bundled model, as Markdown.
 
     python demos/sink_claims.py --model smollm2-135m --windows 32 > out.md
 

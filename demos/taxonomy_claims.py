@@ -1,4 +1,4 @@
-"""Taxonomy claims (SPEC §10: C5, C6, C7) on a bundled model and both offline corpora, as Markdown.
+"""Taxonomy claims (docs/metrics.md#claims: C5, C6, C7) on a bundled model and both offline corpora, as Markdown.
 
     python demos/taxonomy_claims.py --model smollm2-135m --windows 32 > out.md
 

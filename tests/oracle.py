@@ -1,4 +1,4 @@
-"""Reference implementation of SPEC §1-2: plain loops in float64, straight from the definitions.
+"""Reference implementation of docs/metrics.md#separability: plain loops in float64, straight from the definitions.
 
 Slow on purpose; the tests compare the vectorised metrics against it.
 """

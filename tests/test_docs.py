@@ -35,3 +35,34 @@ def test_local_links_and_paths_in_the_docs_exist():
             if not (path.parent / target).exists():
                 broken.append(f"{path.name}: {target}")
     assert not broken, broken
+
+
+def _tracked_text_files() -> list[Path]:
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    keep = (".py", ".md", ".ipynb", ".toml", ".sh", ".cfg", ".txt", "Makefile", "run")
+    return [ROOT / name for name in names if name.endswith(keep) and (ROOT / name).is_file()]
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    outside = re.compile(r"\.\./shared|SPEC\.md|SPEC §|/work/|\.\./\.\./")
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in _tracked_text_files()
+             for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if outside.search(line) and path.name != "test_docs.py"]
+    assert not found, f"references to files outside the repository: {found}"
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
+            assert (path.parent / target).resolve().is_relative_to(ROOT), f"{path.name} links outside: {target}"
+
+
+def test_every_cited_definition_anchor_exists():
+    anchors = {name: set(re.findall(r'<a id="([a-z0-9-]+)"></a>', (ROOT / "docs" / name).read_text(encoding="utf-8")))
+               for name in ("metrics.md", "theory.md")}
+    cited = re.compile(r"(metrics|theory)\.md#([a-z0-9-]+)")
+    missing = [f"{path.relative_to(ROOT)}: {doc}.md#{anchor}" for path in _tracked_text_files()
+               for doc, anchor in cited.findall(path.read_text(encoding="utf-8", errors="replace"))
+               if anchor not in anchors[f"{doc}.md"]]
+    assert not missing, missing
+    assert {"objects", "selection", "separability", "random-baseline", "queries", "sink", "regime", "taxonomy",
+            "interventions", "windows", "claims"} <= anchors["metrics.md"]

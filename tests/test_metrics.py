@@ -1,4 +1,4 @@
-"""Separability metrics: agreement with the loop oracle, SPEC §2 facts as properties, bad input."""
+"""Separability metrics: agreement with the loop oracle, docs/metrics.md#separability facts as properties, bad input."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_top_order_equals_stable_descending_sort(values, m):
     assert torch.equal(top_order(score.double(), m), expected)  # the float64 path sorts
 
 
-# ----- SPEC §2 facts as properties -----------------------------------------------------------
+# ----- docs/metrics.md#separability facts as properties -----------------------------------------------------------
 
 attention_inputs = st.builds(
     lambda seed, pos, heads, kv_div, peaked, dist: (random_attention(1, heads, heads // kv_div, pos, seed=seed, peaked=peaked), dist),

@@ -18,7 +18,7 @@ def _cos(x, y):
 
 
 def oracle_sink(pattern, v, ns, key_mask):
-    """Straight from SPEC §5 with loops (float64, attention ranking, all queries)."""
+    """Straight from docs/metrics.md#sink with loops (float64, attention ranking, all queries)."""
     batch, heads, n_q, n_k = pattern.shape
     group = heads // v.shape[2]
     out = {"norm_ratio": torch.full((batch, v.shape[2]), math.nan, dtype=torch.float64),

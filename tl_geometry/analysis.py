@@ -353,7 +353,7 @@ def classify_heads(
     batch_size: int = 8,
     progress: bool = True,
 ) -> HeadTaxonomy:
-    """Head taxonomy alone: one streamed pass accumulating winner-source votes (SPEC §7)."""
+    """Head taxonomy alone: one streamed pass accumulating winner-source votes (docs/metrics.md#taxonomy)."""
     tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
     if tokens.ndim != 2 or tokens.shape[0] == 0:
         raise TLGeometryError(f"need at least one window of tokens; got shape {tuple(tokens.shape)}.")

@@ -1,4 +1,4 @@
-"""The claims of SPEC §10 measured on one run: the paper's statement beside our value.
+"""The claims of docs/metrics.md#claims measured on one run: the paper's statement beside our value.
 
 ``claims_table(analysis, pruning=..., scan=...)`` returns one row per claim with the measured
 value as text and ``holds`` (True / False / None when the run lacks the data). The rules that
@@ -32,7 +32,7 @@ PAPER_CLAIMS = {
 
 
 def _model_mean(geo, name: str) -> torch.Tensor:
-    """Heads and layers within each sequence, then sequences (SPEC §3): ``[n]`` or scalar."""
+    """Heads and layers within each sequence, then sequences (docs/metrics.md#random-baseline): ``[n]`` or scalar."""
     return geo.per_sequence[name].nanmean((1, 2)).nanmean(0)
 
 

@@ -1,4 +1,4 @@
-"""Corpora and fixed-length windows (SPEC §9).
+"""Corpora and fixed-length windows (docs/metrics.md#windows).
 
 A corpus is an ordered list of ``(doc_id, text)``. Two corpora of different domains need no
 network (``docs/design.md`` says why these):
@@ -166,7 +166,7 @@ def _hash(*parts: object) -> int:
 
 def make_windows(model_or_tokenizer: Any, corpus: Corpus | str, seq_len: int = 256, n_windows: int = 64,
                  seed: int = 0) -> Windows:
-    """Cut ``n_windows`` windows of BOS + ``seq_len − 1`` content tokens (SPEC §9).
+    """Cut ``n_windows`` windows of BOS + ``seq_len − 1`` content tokens (docs/metrics.md#windows).
 
     Documents are tokenised without special tokens; a document shorter than ``seq_len − 1``
     tokens is skipped (and counted). Documents are visited in a seeded hashed order, and each

@@ -1,6 +1,6 @@
 """Model-level separability: stream a model over windows, aggregate per layer and head.
 
-Averaging order (SPEC §3): random repeats within a query → queries within a sequence →
+Averaging order (docs/metrics.md#random-baseline): random repeats within a query → queries within a sequence →
 sequences. Every result keeps its per-sequence values (``[sequence, layer, head, n]``), so
 results from shards merge into exactly the result of one run, and bootstrap intervals over
 sequences are recomputed from them.

@@ -1,4 +1,4 @@
-"""Interventions (SPEC §8): head ablation by regime, importance baselines, pruning, scans, top-N deletion.
+"""Interventions (docs/metrics.md#interventions): head ablation by regime, importance baselines, pruning, scans, top-N deletion.
 
 All of them are TransformerLens forward hooks, so they compose with the user's own hooks and
 with ``transformer_lens.patching``: an ablation is a context manager *and* a hook list.
@@ -394,7 +394,7 @@ def single_head_scan(
 
 @dataclass
 class TopNDeletion:
-    """ΔNLL of keeping only the top-N sources of every query in every head (SPEC §8).
+    """ΔNLL of keeping only the top-N sources of every query in every head (docs/metrics.md#interventions).
 
     Attributes:
         n: the N values; delta_nll: relative ΔNLL per N; renormalise: whether kept weights were

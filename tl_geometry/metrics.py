@@ -1,4 +1,4 @@
-"""Geometric precision, recall and F-score of top-N attention selection (SPEC §1-4).
+"""Geometric precision, recall and F-score of top-N attention selection (docs/metrics.md#separability).
 
 Framework-free: every function here takes raw tensors. For one query ``t`` with visible
 sources ``0..t`` and contributions ``y_i = α[t,i]·v_i``, the top-N set ``S`` under a ranking
@@ -94,7 +94,7 @@ class Separability:
 
 @dataclass
 class RandomSeparability:
-    """Random-ranking baseline (SPEC §3): ``per_repeat`` fields ``[repeat, batch, head, query, n]``.
+    """Random-ranking baseline (docs/metrics.md#random-baseline): ``per_repeat`` fields ``[repeat, batch, head, query, n]``.
 
     ``mean`` is a :class:`Separability` averaged over repeats (NaN-aware); its ``sink_selected``
     is True where the sink was selected in at least half of the repeats.
@@ -213,7 +213,7 @@ def random_separability(
     generator: torch.Generator | None = None,
     **options,
 ) -> RandomSeparability:
-    """Random baseline (SPEC §3): ``repeats`` uniformly random rankings per (sequence, head, query).
+    """Random baseline (docs/metrics.md#random-baseline): ``repeats`` uniformly random rankings per (sequence, head, query).
 
     Within a repeat one random order serves every N (nested sets); each random set is scored
     around its own aggregate. ``options`` are those of :func:`separability` (not ``ranking``).

@@ -1,4 +1,4 @@
-"""The sink-aware constant-norm regime (SPEC §6): its fit per head, and lower bounds on P_N, R_N.
+"""The sink-aware constant-norm regime (docs/metrics.md#regime): its fit per head, and lower bounds on P_N, R_N.
 
 The paper's theory assumes that non-sink value vectors share a (near-)constant norm ``c`` with
 bounded directional coherence, and that the sink has a distinct, smaller norm ``c_0`` and a
@@ -80,7 +80,7 @@ class RegimeFit:
 
 
 def _unit(values: Tensor) -> Tensor:
-    """Unit vectors without the SPEC's additive 1e-12 guard, which would shrink |cos| below the
+    """Unit vectors without the cosine distance's additive 1e-12 guard (docs/metrics.md#separability), which would shrink |cos| below the
     true value and break the envelope (zero vectors stay zero)."""
     return values / values.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
 

@@ -133,7 +133,7 @@ th {{ background: #f3f3f3; }}
 <h1>{html.escape(title)}</h1>
 <h2>Run settings</h2>
 {_table(setting_rows, ["setting", "value"])}
-{notes}<h2>Claims of the paper (SPEC §10) and what this run measured</h2>
+{notes}<h2>Claims of the paper (docs/metrics.md#claims) and what this run measured</h2>
 {_table(claims, ["id", "paper", "measured", "holds", "rule"])}
 <div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
 <script>

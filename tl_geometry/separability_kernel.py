@@ -3,7 +3,7 @@
 The vectorised torch code makes about ten passes over a ``[batch, head, query, key]`` tensor
 per N; on a CPU those passes, not the arithmetic, cost the time. This kernel does the same
 computation one query row at a time, with the row's working arrays in cache, in parallel over
-rows. It implements exactly the definitions of SPEC §2 as the torch path does (same tie rule,
+rows. It implements exactly the definitions of docs/metrics.md#separability as the torch path does (same tie rule,
 same clamps), with scalar arithmetic in float64.
 
 Per row (query ``t`` of one head) it ranks the candidate sources once (insertion into the

@@ -1,4 +1,4 @@
-"""Sink diagnostics (SPEC §5): how position 0 differs from the other sources, per layer and head.
+"""Sink diagnostics (docs/metrics.md#sink): how position 0 differs from the other sources, per layer and head.
 
 Position 0 is the sink (the BOS token when the tokenizer prepends one). For value vectors
 ``v_j`` of one kv head and attention rows ``α[t, ·]`` of one query head::
@@ -50,7 +50,7 @@ class SinkGeometry:
         sink_rank: ``[batch, head, q]`` sources ranked before the sink (ties to the lower
             position, so the sink wins ties); float, NaN for pad queries.
         align_sink, align_current: ``[batch, head, q, n]`` cos(s_N, v_0) and cos(s_N, v_t), NaN
-            where N ≥ t + 1 (SPEC §1 range).
+            where N ≥ t + 1 (docs/metrics.md#selection range).
         query_positions: ``[batch, q]``.
     """
 
@@ -68,7 +68,7 @@ class SinkGeometry:
 
 
 def _cosine(x: Tensor, y: Tensor) -> Tensor:
-    """cos along the last axis with the SPEC's 1e-12 guard."""
+    """cos along the last axis with the 1e-12 guard of the cosine distance (docs/metrics.md#separability)."""
     return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1) + COS_EPS)
 
 
@@ -107,7 +107,7 @@ def sink_geometry(
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
 ) -> SinkGeometry:
-    """Sink diagnostics of one layer (SPEC §5). Shapes and definitions: :class:`SinkGeometry`.
+    """Sink diagnostics of one layer (docs/metrics.md#sink). Shapes and definitions: :class:`SinkGeometry`.
 
     Args:
         pattern: ``[batch, head, query, key]`` post-softmax weights; v: ``[batch, key, kv_head, d_head]``.

@@ -1,4 +1,4 @@
-"""Parameter-free head taxonomy (SPEC §7): Retriever / Mixer / Reset from winner-source votes.
+"""Parameter-free head taxonomy (docs/metrics.md#taxonomy): Retriever / Mixer / Reset from winner-source votes.
 
 Each query ``t`` votes for its winner source ``w(t) = argmax_j α[t, j]·‖v_j‖`` (ties to the lower
 position): ``current`` if ``w(t) = t``, ``sink`` if ``w(t) = 0``, ``other`` otherwise. Query 0
