@@ -129,9 +129,9 @@ def test_has_bos_flags():
 def test_bad_inputs_raise_clear_errors():
     names = hook_names(0)
     good_pattern, good_v = torch.full((1, 4, 3, 3), 1 / 3), torch.ones(1, 3, 2, 8)
-    with pytest.raises(KeyError, match="hook_v"):
+    with pytest.raises(ValueError, match="hook_v"):
         read_layer({names[0]: good_pattern}, 0)
-    with pytest.raises(KeyError, match="blocks.5.attn.hook_pattern"):
+    with pytest.raises(ValueError, match="blocks.5.attn.hook_pattern"):
         read_layer({names[0]: good_pattern, names[1]: good_v}, 5)
     with pytest.raises(ValueError, match="disagree"):
         read_layer({names[0]: good_pattern, names[1]: torch.ones(1, 4, 2, 8)}, 0)

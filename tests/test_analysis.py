@@ -164,3 +164,47 @@ def test_the_model_is_described_once_per_analysis(monkeypatch):
     tlg.analyze(tiny_bridge(4, 2), random_tokens(6, 9, seed=1), (1, 2), repeats=1, batch_size=2, progress=False,
                 bootstrap=10)
     assert len(calls) == 1  # three batches
+
+
+@pytest.mark.parametrize("factory", ["bridge-gqa", "hooked-gqa"])
+def test_a_cache_gives_the_results_of_the_model(factory):
+    from .tiny import MODEL_FACTORIES
+
+    model = MODEL_FACTORIES[factory]()
+    tokens = random_tokens(3, 10, seed=4)
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, 7:] = 0  # right padding
+    options = dict(n=(1, 2, 4), repeats=2, progress=False, bootstrap=20, attention_mask=mask)
+    direct = tlg.analyze(model, tokens, **options)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=tlg.names_filter)
+    assert all(tlg.names_filter(name) for name in cache.keys()) and len(cache.keys()) == 2 * model.cfg.n_layers
+    for source in (cache, dict(cache.items())):  # an ActivationCache, or a plain dict of hook tensors
+        cached = tlg.analyze(source, tokens, **options)
+        assert cached.geometry.per_sequence.keys() == direct.geometry.per_sequence.keys()
+        for key, value in direct.geometry.per_sequence.items():
+            torch.testing.assert_close(cached.geometry.per_sequence[key], value, equal_nan=True, atol=1e-6, rtol=0,
+                                       msg=key)
+        assert torch.equal(cached.taxonomy.votes, direct.taxonomy.votes)
+    assert cached.geometry.settings["model_class"] == "cache"
+    with pytest.raises(TLGeometryError, match="the cache holds 3 sequences of 10 positions"):
+        tlg.analyze(cache, tokens[:2], progress=False)
+    with pytest.raises(TLGeometryError, match="lacks blocks.1.attn.hook_pattern"):
+        tlg.analyze({k: v for k, v in cache.items() if not k.startswith("blocks.1.")}, tokens, progress=False)
+
+
+def test_geometry_under_the_users_own_hooks():
+    """Inside an ablation (or any patching hook) the analysis measures the patched run."""
+    model = tiny_bridge(4, 2)
+    tokens = random_tokens(2, 10, seed=5)
+    clean = tlg.analyze(model, tokens, (1, 2), repeats=1, progress=False, bootstrap=10)
+    with tlg.ablate_heads(model, [(0, 1)], mode="sink"):
+        patched = tlg.analyze(model, tokens, (1, 2), repeats=1, progress=False, bootstrap=10)
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=tlg.names_filter)
+    assert patched.taxonomy.labels[0, 1] == "mixer" and patched.taxonomy.shares[0, 1, 1] == 1
+    assert clean.taxonomy.shares[0, 1, 1] < 1  # the hook, not the model, made it a pure sink head
+    # a cache taken under the same hook gives the same numbers
+    torch.testing.assert_close(tlg.analyze(cache, tokens, (1, 2), repeats=1, progress=False,
+                                           bootstrap=10).geometry.per_sequence["f_top"],
+                               patched.geometry.per_sequence["f_top"], equal_nan=True, atol=1e-6, rtol=0)

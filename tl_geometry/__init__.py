@@ -5,7 +5,15 @@
 """
 
 from . import plots
-from .adapters import LayerAttention, ModelInfo, align_value_heads, describe_model, read_layer, stream_layers
+from .adapters import (
+    LayerAttention,
+    ModelInfo,
+    align_value_heads,
+    describe_model,
+    names_filter,
+    read_layer,
+    stream_layers,
+)
 from .analysis import Analysis, analyze, analyze_separability, classify_heads, tokenize_texts
 from .config import RunConfig
 from .errors import TLGeometryError
@@ -69,6 +77,7 @@ __all__ = [
     "describe_model",
     "load_model",
     "read_layer",
+    "names_filter",
     "stream_layers",
     "RegimeFit",
     "SinkAwareBounds",

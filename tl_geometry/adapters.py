@@ -39,6 +39,8 @@ __all__ = [
     "LayerAttention",
     "ModelInfo",
     "describe_model",
+    "describe_cache",
+    "names_filter",
     "hook_names",
     "read_layer",
     "stream_layers",
@@ -306,6 +308,44 @@ def _bos_flags(tokens: Tensor | None, mask: Tensor | None, bos_token_id: int | N
     return tokens.gather(1, first[:, None])[:, 0].eq(bos_token_id).cpu()
 
 
+def names_filter(name: str) -> bool:
+    """The hooks the geometry reads (``hook_pattern`` and ``hook_v`` of every layer): pass it to
+    ``model.run_with_cache(tokens, names_filter=tlg.names_filter)`` so the cache keeps only those."""
+    return name.endswith((".attn.hook_pattern", ".attn.hook_v"))
+
+
+def is_cache(obj: Any) -> bool:
+    """An ``ActivationCache`` or a plain mapping of hook names to tensors (not a model)."""
+    return isinstance(obj, Mapping) or (hasattr(obj, "cache_dict") and not hasattr(obj, "run_with_hooks"))
+
+
+def describe_cache(cache: Any) -> ModelInfo:
+    """The :class:`ModelInfo` of the model a cache came from: the model's own when the cache
+    knows it (``ActivationCache.model``), else read from the cached shapes. Every layer
+    ``0..L-1`` must hold ``hook_pattern`` and ``hook_v``."""
+    keys = list(cache.keys())
+    layers = sorted({int(k.split(".")[1]) for k in keys if names_filter(k) and k.split(".")[1].isdigit()})
+    if not layers:
+        raise TLGeometryError("the cache holds no blocks.{l}.attn.hook_pattern / hook_v: run "
+                              "model.run_with_cache(tokens, names_filter=tlg.names_filter).")
+    missing = [name for layer in range(layers[-1] + 1) for name in hook_names(layer) if name not in cache]
+    if missing:
+        raise TLGeometryError(f"the cache lacks {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}: the "
+                              "analysis reads every layer; run model.run_with_cache(tokens, names_filter=tlg.names_filter).")
+    model = getattr(cache, "model", None)
+    if model is not None and all(hasattr(model, name) for name in _REQUIRED):
+        info = describe_model(model)
+        if info.n_layers == len(layers):
+            return info
+    pattern, v = cache[hook_names(0)[0]], cache[hook_names(0)[1]]
+    if pattern.ndim != 4 or v.ndim != 4:
+        raise TLGeometryError(f"cached hook_pattern {tuple(pattern.shape)} / hook_v {tuple(v.shape)}: expected "
+                              "[batch, head, pos, pos] and [batch, pos, kv_head, d_head].")
+    return ModelInfo(model_class="cache", n_layers=len(layers), n_heads=int(pattern.shape[1]),
+                     n_kv_heads=int(v.shape[2]), d_head=int(v.shape[3]), model_name="unknown (a cache)",
+                     transformer_lens_version=_tl_version())
+
+
 def read_layer(
     cache: Mapping[str, Tensor],
     layer: int,
@@ -337,9 +377,9 @@ def read_layer(
         keys = list(cache.keys()) if hasattr(cache, "keys") else []
         n_layers = len({k.split(".")[1] for k in keys if k.startswith("blocks.") and k.endswith("hook_pattern")})
         hint = f" (the cache has hook_pattern for {n_layers} layers)" if n_layers else ""
-        raise KeyError(
-            f"cache lacks {', '.join(missing)}{hint}. Run model.run_with_cache(tokens, names_filter="
-            "lambda n: n.endswith(('hook_pattern', 'hook_v'))) for the layers you need."
+        raise TLGeometryError(
+            f"cache lacks {', '.join(missing)}{hint}. Run model.run_with_cache(tokens, "
+            "names_filter=tlg.names_filter) for the layers you need."
         )
     pattern, v = cache[names[0]], cache[names[1]]
     batch = pattern.shape[0]

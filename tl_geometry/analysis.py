@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from .adapters import describe_model, stream_layers
+from .adapters import describe_cache, describe_model, hook_names, is_cache, read_layer, stream_layers
 from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, world
 from .errors import TLGeometryError
@@ -206,9 +206,26 @@ def _as_tokens(model, tokens_or_texts, attention_mask):
     return tokenize_texts(model, texts)
 
 
+def _cache_tokens(cache, tokens_or_texts, attention_mask) -> tuple[Tensor, Tensor | None]:
+    """The token ids (or, without them, placeholders of the cached shape) and the attention mask of
+    the run a cache came from; shapes checked against the cached pattern."""
+    batch, _, pos, _ = cache[hook_names(0)[0]].shape
+    if tokens_or_texts is None:
+        tokens = torch.zeros(batch, pos, dtype=torch.long)  # unknown ids: every sequence is taken to start with BOS
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(attention_mask)
+    else:
+        model = getattr(cache, "model", None)
+        tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
+    if tuple(tokens.shape) != (batch, pos) or (attention_mask is not None and tuple(attention_mask.shape) != (batch, pos)):
+        raise TLGeometryError(f"the cache holds {batch} sequences of {pos} positions, but the tokens or attention_mask "
+                              f"have shape {tuple(tokens.shape)}: pass those the cache was computed from.")
+    return tokens, attention_mask
+
+
 def analyze(
     model: Any,
-    tokens_or_texts: Tensor | Sequence[str] | str,
+    tokens_or_texts: Tensor | Sequence[str] | str | None = None,
     n: Sequence[int] | int = (1, 2, 4, 8, 16, 32),
     *,
     attention_mask: Int[Tensor, "seq pos"] | None = None,
@@ -228,11 +245,17 @@ def analyze(
     progress: bool = True,
     config: RunConfig | None = None,
 ) -> Analysis:
-    """Stream ``model`` once over the windows and measure everything (docs/metrics.md).
+    """Stream ``model`` once over the windows and measure everything (docs/metrics.md), or
+    measure a cache you already have.
 
     Args:
-        model: ``HookedTransformer`` or ``TransformerBridge``.
-        tokens_or_texts: ``[seq, pos]`` token ids (BOS first) or texts (BOS is prepended).
+        model: ``HookedTransformer`` or ``TransformerBridge``; or an ``ActivationCache`` from
+            ``model.run_with_cache(tokens, names_filter=tlg.names_filter)`` (or a dict keyed by hook
+            name) holding ``hook_pattern`` and ``hook_v`` of every layer: then nothing runs again,
+            and the results equal those of the model on the same tokens.
+        tokens_or_texts: ``[seq, pos]`` token ids (BOS first) or texts (BOS is prepended). With a
+            cache: the tokens it came from (optional; they tell whether each sequence starts with
+            BOS), and ``attention_mask`` where the run had pads.
         n, queries, taxonomy_queries, distance, ranking, exclude_sink, repeats, seed, bootstrap, sink:
             the run's :class:`~tl_geometry.config.RunConfig` (its docstring says what each means;
             ``repeats="auto"``: 16 random rankings per query for the last query, one per query
@@ -254,16 +277,26 @@ def analyze(
         config = RunConfig(n=n, queries=queries, taxonomy_queries=taxonomy_queries, distance=distance,
                            ranking=ranking, exclude_sink=exclude_sink, repeats=repeats, seed=seed,
                            bootstrap=bootstrap, sink=sink)
-    tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
+    cache = model if is_cache(model) else None
+    if cache is not None:
+        if checkpoint is not None:
+            raise TLGeometryError("a cache is analysed in one step: checkpoint applies to runs of a model.")
+        info = describe_cache(cache)
+        tokens, attention_mask = _cache_tokens(cache, tokens_or_texts, attention_mask)
+    else:
+        if tokens_or_texts is None:
+            raise TLGeometryError("pass the token ids [seq, pos] or texts to analyse (or an ActivationCache "
+                                  "instead of the model).")
+        tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
+        info = describe_model(model)
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
         raise TLGeometryError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
     _check_batch_size(batch_size)
-    info = describe_model(model)
     info.check_length(int(tokens.shape[1]))
     _warn_not_measurable(config, tokens, attention_mask)
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
     rank, world_size = world()
-    if distributed is not False and world_size > 1:  # this rank's shard; merged at the end
+    if cache is None and distributed is not False and world_size > 1:  # this rank's shard; merged at the end
         mine = shard_indices(tokens.shape[0], rank, world_size)
         all_windows = int(tokens.shape[0])
         tokens, window_ids = tokens[mine], window_ids[mine]
@@ -300,8 +333,17 @@ def analyze(
         def save() -> None:
             state.save(geometry, taxonomy)
 
-    _stream_windows(model, info, tokens, attention_mask, batch_size, progress and rank == 0, on_layer, on_batch, save,
-                    first=done)
+    if cache is not None:
+        from tqdm.auto import tqdm
+
+        on_batch(slice(0, tokens.shape[0]))
+        for layer in tqdm(range(info.n_layers), desc="layers", disable=not progress):
+            on_layer(layer, read_layer(cache, layer, attention_mask=attention_mask,
+                                       tokens=None if tokens_or_texts is None else tokens,
+                                       bos_token_id=info.bos_token_id))
+    else:
+        _stream_windows(model, info, tokens, attention_mask, batch_size, progress and rank == 0, on_layer, on_batch,
+                        save, first=done)
     result = Analysis(geometry.result(settings, allow_empty=world_size > 1), taxonomy.result(settings))
     return gather_analysis(result) if world_size > 1 else result
 

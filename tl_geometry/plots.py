@@ -25,7 +25,7 @@ from .errors import TLGeometryError
 from .io import head_name
 from .taxonomy import REGIMES, HeadTaxonomy
 
-__all__ = ["REGIME_COLORS", "safe_text", "head_map", "separability_curves", "sink_plots", "regime_fractions",
+__all__ = ["REGIME_COLORS", "safe_text", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
            "pruning_plot", "head_drilldown", "topn_plot"]
 
 REGIME_COLORS = {"retriever": "#1f77b4", "mixer": "#d62728", "reset": "#2ca02c"}
@@ -45,12 +45,14 @@ def _n_index(res: Analysis, n: int | None) -> tuple[int, int]:
     return ns.index(n), n
 
 
-def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> list[str]:
+def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> list[list[str]]:
+    """Hover text of every head, ``[layer][head]``, with the metrics at the ``n_at``-th N."""
     geo, tax = res.geometry, res.taxonomy
     layers, heads = tax.shape
     f_top, f_random = geo.mean("f_top")[..., n_at], geo.mean("f_random")[..., n_at]
-    lines = []
+    rows = []
     for layer in range(layers):
+        row = []
         for head in range(heads):
             shares = tax.shares[layer, head].tolist()
             text = (f"<b>L{layer}H{head}</b><br>regime: {tax.labels[layer, head]} "
@@ -61,53 +63,102 @@ def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> li
                          f"sink cosine {geo.mean('sink_cosine')[layer, head]:+.3f}")
             if importance is not None:
                 text += f"<br>ΔNLL if removed {float(importance[layer, head]):+.4f}"
-            lines.append(text)
-    return lines
+            row.append(text)
+        rows.append(row)
+    return rows
+
+
+def _grid(values: torch.Tensor) -> list[list[float | None]]:
+    """``[layer, head]`` values as nested lists, NaN as None (a gap in the heatmap)."""
+    return [[None if v != v else v for v in row] for row in values.double().tolist()]
+
+
+def _categorical_scale(colors: list[str]) -> list[list]:
+    """A step colorscale: integer ``z = i`` (with ``zmin=-0.5``, ``zmax=k-0.5``) takes ``colors[i]``."""
+    k = len(colors)
+    return [[edge / k, color] for i, color in enumerate(colors) for edge in (i, i + 1)]
+
+
+def grid_figure(values: torch.Tensor, hover: list[list[str]], *, title: str, colorbar: str,
+                categories: list[str] | None = None, colors: list[str] | None = None,
+                diverging: bool = False) -> go.Figure:
+    """A layers × heads heatmap whose cells fill the grid. ``values`` ``[layer, head]``: category
+    indices (with ``categories`` and their ``colors``: a legend, no colour bar) or a continuous
+    metric (Viridis, or a diverging red-blue scale centred on 0). Every cell carries its head name
+    ``L{l}H{h}`` as ``customdata`` and ``hover`` as its hover text."""
+    layers, heads = values.shape
+    names = [[head_name(layer, head) for head in range(heads)] for layer in range(layers)]
+    trace: dict[str, Any] = {"z": _grid(values), "x": list(range(heads)), "y": list(range(layers)), "customdata": names,
+                             "text": hover, "hoverinfo": "text", "xgap": 1, "ygap": 1, "name": title}
+    fig = go.Figure()
+    if categories is not None:
+        fig.add_trace(go.Heatmap(**trace, colorscale=_categorical_scale(colors), zmin=-0.5,
+                                 zmax=len(categories) - 0.5, showscale=False))
+        for category, color in zip(categories, colors, strict=True):  # legend entries for the categories
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=category, showlegend=True,
+                                     marker={"symbol": "square", "size": 12, "color": color}, hoverinfo="skip"))
+    elif diverging:
+        bound = float(values.abs().nan_to_num(0).max()) or 1.0
+        fig.add_trace(go.Heatmap(**trace, colorscale="RdBu", zmid=0, zmin=-bound, zmax=bound,
+                                 colorbar={"title": colorbar}))
+    else:
+        fig.add_trace(go.Heatmap(**trace, colorscale="Viridis", colorbar={"title": colorbar}))
+    fig.update_layout(title=title, template="plotly_white", clickmode="event",
+                      height=int(max(360, min(1200, 20 * layers + 160))),
+                      xaxis={"title": "head", "dtick": 1 if heads <= 40 else None, "constrain": "domain",
+                             "showgrid": False, "zeroline": False},
+                      yaxis={"title": "layer", "autorange": "reversed", "dtick": 1 if layers <= 40 else None,
+                             "showgrid": False, "zeroline": False},
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"})
+    return fig
+
+
+def _n_control(fig: go.Figure, ns: tuple[int, ...], grids: list[list], hovers: list[list], active: int) -> None:
+    """Buttons that switch the heatmap (trace 0) between N values."""
+    buttons = [{"label": f"N={n}", "method": "restyle", "args": [{"z": [grid], "text": [hover]}, [0]]}
+               for n, grid, hover in zip(ns, grids, hovers, strict=True)]
+    fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "active": active, "buttons": buttons,
+                                    "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom", "showactive": True}],
+                      margin={"t": 110})
 
 
 def head_map(res: Analysis, color: str = "regime", n: int | None = None,
              delta_nll: torch.Tensor | None = None) -> go.Figure:
-    """Layers × heads grid coloured by regime (categorical) or by a per-head metric (continuous).
+    """Layers × heads heatmap coloured by regime (categorical, with a legend) or by a per-head
+    metric (continuous scale; gaps and differences diverge around 0).
 
-    ``color``: ``"regime"``, any geometry metric (``"gap"``, ``"f_top"``, ``"norm_ratio"``, …; per-N
-    metrics are taken at ``n``), or ``"delta_nll"`` with ``delta_nll`` given. Every point carries its
-    head name ``L{l}H{h}`` as ``customdata`` so a ``plotly_click`` / ``plotly_selected`` handler can
-    open its drill-down (the HTML report does).
+    ``color``: ``"regime"``, any geometry metric (``"gap"``, ``"f_top"``, ``"norm_ratio"``, …), or
+    ``"delta_nll"`` with ``delta_nll`` given. A metric with an N axis gets one button per N, the
+    figure opening at ``n``. Every cell carries its head name ``L{l}H{h}`` as ``customdata`` so a
+    ``plotly_click`` handler can open its drill-down (the HTML report does).
     """
     n_at, n_value = _n_index(res, n)
-    layers, heads = res.taxonomy.shape
-    grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
-    names = [head_name(a, b) for a, b in grid.tolist()]
-    hover = _head_hover(res, n_at, delta_nll)
-    fig = go.Figure()
-    marker = {"symbol": "square", "size": max(8, min(28, 480 // max(heads, layers))), "line": {"width": 0.5, "color": "white"}}
+    ns = res.geometry.n
     if color == "regime":
-        labels = res.taxonomy.labels.reshape(-1)
-        for regime in REGIMES:
-            rows = [i for i, label in enumerate(labels) if label == regime]
-            fig.add_trace(go.Scatter(
-                x=grid[rows, 1].tolist(), y=grid[rows, 0].tolist(), mode="markers", name=regime,
-                marker={**marker, "color": REGIME_COLORS[regime]}, customdata=[names[i] for i in rows],
-                hovertext=[hover[i] for i in rows], hoverinfo="text"))
-        title = "Head regimes"
+        fig = grid_figure(res.taxonomy.label_ids, _head_hover(res, n_at, delta_nll), title="Head regimes",
+                          colorbar="regime", categories=list(REGIMES), colors=[REGIME_COLORS[r] for r in REGIMES])
+        return fig
+    if color == "delta_nll":
+        if delta_nll is None:
+            raise TLGeometryError("color='delta_nll' needs the delta_nll tensor (single_head_scan).")
+        return grid_figure(delta_nll, _head_hover(res, n_at, delta_nll), title="ΔNLL of removing each head alone",
+                           colorbar="ΔNLL")
+    values = res.geometry.mean(color)
+    diverging = color == "gap" or color.startswith(("align_", "sink_cosine"))
+    if values.ndim == 2:
+        return grid_figure(values, _head_hover(res, n_at, delta_nll), title=color, colorbar=color, diverging=diverging)
+    if values.ndim != 3:
+        raise TLGeometryError(f"{color!r} is not a per-head metric (shape {tuple(values.shape)}).")
+    fig = grid_figure(values[..., n_at], _head_hover(res, n_at, delta_nll), title=f"{color} per head", colorbar=color,
+                      diverging=diverging)
+    if diverging:  # one colour range for every N, so the buttons compare like with like
+        bound = float(values.abs().nan_to_num(0).max()) or 1.0
+        fig.update_traces(zmin=-bound, zmax=bound, selector={"type": "heatmap"})
     else:
-        if color == "delta_nll":
-            if delta_nll is None:
-                raise TLGeometryError("color='delta_nll' needs the delta_nll tensor (single_head_scan).")
-            values = delta_nll.reshape(-1)
-        else:
-            values = res.geometry.mean(color)
-            values = (values[..., n_at] if values.ndim == 3 else values).reshape(-1)
-        fig.add_trace(go.Scatter(
-            x=grid[:, 1].tolist(), y=grid[:, 0].tolist(), mode="markers", name=color,
-            marker={**marker, "color": values.double().nan_to_num(float("nan")).tolist(), "colorscale": "Viridis",
-                    "showscale": True, "colorbar": {"title": color}},
-            customdata=names, hovertext=hover, hoverinfo="text"))
-        title = f"{color}" + (f" (N={n_value})" if res.geometry.mean(color).ndim == 3 else "") \
-            if color != "delta_nll" else "ΔNLL of removing each head alone"
-    fig.update_layout(title=title, xaxis={"title": "head", "dtick": 1}, yaxis={"title": "layer", "autorange": "reversed"},
-                      clickmode="event+select", dragmode="select", height=max(360, 22 * layers + 140),
-                      template="plotly_white")
+        fig.update_traces(zmin=float(values.nan_to_num(float("inf")).min()),
+                          zmax=float(values.nan_to_num(float("-inf")).max()), selector={"type": "heatmap"})
+    _n_control(fig, ns, [_grid(values[..., i]) for i in range(len(ns))],
+               [_head_hover(res, i, delta_nll) for i in range(len(ns))], n_at)
     return fig
 
 

@@ -44,7 +44,7 @@ def _figure_block(fig: go.Figure, index: int, head_map: bool = False) -> str:
     click = ""
     if head_map:
         click = (f"document.getElementById('{div}').on('plotly_click', function (e) {{"
-                 "if (e.points.length) showHead(e.points[0].customdata); });")
+                 "if (e.points.length) { var p = e.points[0]; showHead('L' + p.y + 'H' + p.x); } });")
     return (f'<div class="tlg-plot" id="{div}"></div>\n<script>(function () {{ var fig = {payload};'
             f" Plotly.newPlot('{div}', fig.data, fig.layout, {{responsive: true}}).then(function () {{ {click} }});"
             " })();</script>")

@@ -1,0 +1,84 @@
+"""Plotly figures: heatmap head maps hold the analysis' values, cells fill the plot in a browser."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import plotly.io
+import pytest
+import torch
+
+import tl_geometry as tlg
+from tl_geometry import plots
+from tl_geometry.errors import TLGeometryError
+from tl_geometry.taxonomy import REGIMES
+
+from .tiny import random_tokens, tiny_bridge
+
+
+@pytest.fixture(scope="module")
+def res():
+    return tlg.analyze(tiny_bridge(4, 2), random_tokens(3, 12, seed=3), (1, 2, 4), repeats=1, progress=False,
+                       bootstrap=10)
+
+
+def as_tensor(grid) -> torch.Tensor:
+    return torch.tensor([[float("nan") if v is None else v for v in row] for row in grid], dtype=torch.float64)
+
+
+def test_regime_map_is_a_categorical_heatmap_with_a_legend(res):
+    fig = plots.head_map(res, "regime")
+    heat = fig.data[0]
+    assert heat.type == "heatmap" and torch.equal(as_tensor(heat.z), res.taxonomy.label_ids.double())
+    assert heat.customdata[2][3] == "L2H3" and "regime: " + res.taxonomy.labels[2, 3] in heat.text[2][3]
+    legend = [(t.name, t.marker.color) for t in fig.data[1:]]
+    assert legend == [(r, plots.REGIME_COLORS[r]) for r in REGIMES]
+    # the step colour scale maps label i to colour i
+    scale = heat.colorscale
+    for i, regime in enumerate(REGIMES):
+        position = (i + 0.5) / 3
+        assert next(c for edge, c in scale if edge >= position) == plots.REGIME_COLORS[regime]
+
+
+def test_per_n_metric_has_one_button_per_n(res):
+    fig = plots.head_map(res, "gap", n=4)
+    gap = res.geometry.mean("f_top") - res.geometry.mean("f_random")
+    buttons = fig.layout.updatemenus[0].buttons
+    assert [b.label for b in buttons] == ["N=1", "N=2", "N=4"] and fig.layout.updatemenus[0].active == 2
+    for i, button in enumerate(buttons):
+        torch.testing.assert_close(as_tensor(button.args[0]["z"][0]), gap[..., i].double(), equal_nan=True)
+    torch.testing.assert_close(as_tensor(fig.data[0].z), gap[..., 2].double(), equal_nan=True)
+    assert fig.data[0].zmid == 0 and fig.data[0].zmin == -fig.data[0].zmax  # diverging around 0
+    per_head = plots.head_map(res, "norm_ratio")
+    assert not per_head.layout.updatemenus and per_head.data[0].colorscale[0][1] == "#440154"  # Viridis
+    with pytest.raises(TLGeometryError, match="delta_nll tensor"):
+        plots.head_map(res, "delta_nll")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+@pytest.mark.parametrize(("layers", "heads"), [(30, 9), (18, 4), (32, 32)])
+def test_cells_cover_most_of_the_plot_area_in_a_browser(tmp_path, layers, heads):
+    labels = torch.randint(0, 3, (layers, heads), generator=torch.Generator().manual_seed(layers))
+    hover = [[f"L{a}H{b}" for b in range(heads)] for a in range(layers)]
+    fig = plots.grid_figure(labels, hover, title="map", colorbar="regime", categories=list(REGIMES),
+                            colors=list(plots.REGIME_COLORS.values()))
+    measure = """<script>setTimeout(function () {
+      var area = document.querySelector('.nsewdrag').getBoundingClientRect();
+      var cells = document.querySelector('.hm image').getBoundingClientRect();
+      document.body.insertAdjacentHTML('beforeend', '<pre id="ratio">' +
+        (cells.width * cells.height / (area.width * area.height)).toFixed(3) + ' ' + area.width.toFixed(0) +
+        ' ' + area.height.toFixed(0) + '</pre>');
+    }, 500);</script></body>"""
+    page = plotly.io.to_html(fig, include_plotlyjs=True, full_html=True).replace("</body>", measure)
+    path = tmp_path / "map.html"
+    path.write_text(page, encoding="utf-8")
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--window-size=1200,900", "--dump-dom", path.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    found = re.search(r'<pre id="ratio">([\d.]+) (\d+) (\d+)</pre>', dom.stdout)
+    assert found, dom.stderr[-1000:]
+    ratio, width, height = float(found[1]), int(found[2]), int(found[3])
+    assert ratio > 0.9 and width > 300 and height > 200  # cells fill the grid; the grid fills the plot
