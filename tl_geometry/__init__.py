@@ -15,6 +15,7 @@ from .adapters import (
     stream_layers,
 )
 from .analysis import Analysis, analyze, analyze_separability, classify_heads, tokenize_texts
+from .compare import Comparison, compare
 from .config import RunConfig
 from .errors import TLGeometryError
 from .geometry import GeometryResult
@@ -56,6 +57,8 @@ __all__ = [
     "topn_deletion",
     "Analysis",
     "RunConfig",
+    "Comparison",
+    "compare",
     "TLGeometryError",
     "analyze",
     "classify_heads",

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from .errors import TLGeometryError
+from .io import atomic_path
 from .run_folder import RunFolder
 
 __all__ = ["main"]
@@ -252,6 +253,31 @@ def _report(args: argparse.Namespace) -> None:
     print(_write_report(RunFolder(args.run), lambda *a: print(*a, file=sys.stderr)).resolve())
 
 
+def _compare(args: argparse.Namespace) -> None:
+    from .compare import compare
+    from .report import write_comparison
+
+    runs = [RunFolder(path) for path in (args.run_a, args.run_b)]
+    names = [run.path.resolve().name for run in runs]
+    if names[0] == names[1]:
+        names = [str(run.path) for run in runs]
+    out = RunFolder(args.out or f"runs/compare-{names[0]}-vs-{names[1]}")
+    page, table = out.path / "compare.html", out.path / "compare.csv"
+    if not args.overwrite and (page.exists() or table.exists()):
+        raise TLGeometryError(f"{out.path} already holds a comparison: pass --overwrite to replace it, or choose "
+                              "another --out")
+    analyses = [run.read_analysis() for run in runs]
+    out.check_writable()
+    comparison = compare(*analyses, names=(names[0], names[1]))
+    for line in comparison.summary_lines():
+        print(line)
+    out.create()
+    frame = comparison.to_dataframe() if comparison.head_by_head else comparison.curves()
+    with atomic_path(table) as tmp:
+        frame.to_csv(tmp, index=False)
+    print(write_comparison(comparison, page).resolve())
+
+
 def _model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: TransformerLens's choice)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
@@ -306,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=fmt)
     report.add_argument("run", help="run folder written by tl-geometry analyze")
     report.set_defaults(handler=_report, interrupted="rerun the same command")
+    comparison = sub.add_parser("compare", help="compare two finished runs head by head (agreement, kappa, "
+                                "transitions, per-head differences)", formatter_class=fmt)
+    comparison.add_argument("run_a", help="first run folder (e.g. float32, base model, first corpus)")
+    comparison.add_argument("run_b", help="second run folder; differences are second minus first")
+    comparison.add_argument("--out", default=None, help="folder for compare.html and compare.csv "
+                            "(default: runs/compare-A-vs-B)")
+    comparison.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out")
+    comparison.set_defaults(handler=_compare, interrupted="rerun the same command")
     return parser
 
 

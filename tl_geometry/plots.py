@@ -21,12 +21,13 @@ import torch
 from plotly.subplots import make_subplots
 
 from .analysis import Analysis
+from .compare import Comparison
 from .errors import TLGeometryError
 from .io import head_name
 from .taxonomy import REGIMES, HeadTaxonomy
 
 __all__ = ["REGIME_COLORS", "safe_text", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
-           "pruning_plot", "head_drilldown", "topn_plot"]
+           "pruning_plot", "head_drilldown", "topn_plot", "comparison_figures"]
 
 REGIME_COLORS = {"retriever": "#1f77b4", "mixer": "#d62728", "reset": "#2ca02c"}
 
@@ -247,6 +248,53 @@ def regime_fractions(taxonomy: HeadTaxonomy | Mapping[str, HeadTaxonomy]) -> go.
     fig.update_layout(barmode="stack", yaxis={"title": "share of heads", "range": [0, 1]}, title=title,
                       template="plotly_white", height=380)
     return fig
+
+
+def comparison_figures(comparison: Comparison) -> list[tuple[str, go.Figure]]:
+    """The figures of a :class:`~tl_geometry.compare.Comparison`, titled: regime fractions and
+    F_N gaps side by side, and with the same grid of heads the transition matrix, a map of the
+    heads whose label changed, and maps of the per-head differences (``b − a``)."""
+    c = comparison
+    a_name, b_name = (safe_text(name) for name in c.names)
+    figures = [("Regime shares", regime_fractions({c.names[0]: c.a.taxonomy, c.names[1]: c.b.taxonomy}))]
+    curves = c.curves()
+    gaps = go.Figure()
+    for name in c.names:
+        part = curves[curves["analysis"] == name]
+        gaps.add_trace(go.Scatter(x=part["n"].tolist(), y=part["gap"].tolist(), mode="lines+markers",
+                                  name=safe_text(name)))
+    gaps.update_layout(title="F_N(top-N) − F_N(random), all heads", xaxis={"title": "N", "type": "log"},
+                       yaxis={"title": "gap"}, template="plotly_white", height=380)
+    figures.append(("Separability gap against N", gaps))
+    if not c.head_by_head:
+        return figures
+    counts = c.transitions.tolist()
+    matrix = go.Figure(go.Heatmap(z=counts, x=[f"{b_name}: {r}" for r in REGIMES], y=[f"{a_name}: {r}" for r in REGIMES],
+                                  text=[[str(v) for v in row] for row in counts], texttemplate="%{text}",
+                                  colorscale="Blues", showscale=False, hoverinfo="text"))
+    matrix.update_layout(title="Regime transitions (heads)", yaxis={"autorange": "reversed"}, template="plotly_white",
+                         height=360)
+    figures.append(("Regime transitions", matrix))
+    labels_a, labels_b = c.a.taxonomy.labels, c.b.taxonomy.labels
+    layers, heads = c.a.taxonomy.shape
+    hover = [[f"<b>{head_name(layer, head)}</b><br>{a_name}: {labels_a[layer, head]}<br>{b_name}: {labels_b[layer, head]}"
+              for head in range(heads)] for layer in range(layers)]
+    change = torch.where(c.a.taxonomy.label_ids == c.b.taxonomy.label_ids, 0, 1)
+    figures.append(("Heads whose regime changed", grid_figure(
+        change, hover, title=f"Regime changed from {a_name} to {b_name}", colorbar="changed",
+        categories=["same regime", "changed"], colors=["#d9d9d9", "#ff7f0e"])))
+    for key, delta in c.deltas.items():
+        title = f"Δ {key} ({b_name} − {a_name})"
+        if delta.ndim == 3:
+            at = c.n.index(next((n for n in c.n if n > 1), c.n[0]))
+            fig = grid_figure(delta[..., at], hover, title=title, colorbar="Δ", diverging=True)
+            bound = float(delta.abs().nan_to_num(0).max()) or 1.0
+            fig.update_traces(zmin=-bound, zmax=bound, selector={"type": "heatmap"})
+            _n_control(fig, c.n, [_grid(delta[..., i]) for i in range(len(c.n))], [hover] * len(c.n), at)
+        else:
+            fig = grid_figure(delta, hover, title=title, colorbar="Δ", diverging=True)
+        figures.append((title, fig))
+    return figures
 
 
 def pruning_plot(curves) -> go.Figure:

@@ -1,4 +1,5 @@
-"""One self-contained HTML report (plotly.js embedded, opens offline).
+"""Self-contained HTML pages (plotly.js embedded, open offline): the report of one analysis and the
+comparison of two.
 
 Everything that comes from the model, the corpus or the user (token strings, corpus names,
 paths) is untrusted: it is HTML-escaped where it enters markup, and figure JSON is embedded with
@@ -25,8 +26,10 @@ import plotly.io
 from . import plots
 from .analysis import Analysis
 from .claims import claims_table
+from .compare import Comparison
+from .io import atomic_path
 
-__all__ = ["build_report", "write_report", "script_safe_json"]
+__all__ = ["build_report", "write_report", "build_comparison", "write_comparison", "script_safe_json"]
 
 
 def script_safe_json(obj: Any) -> str:
@@ -117,23 +120,9 @@ def build_report(
         f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>\n"
     blocks = "\n".join(f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i, is_map)}"
                        for i, (name, fig, is_map) in enumerate(figures))
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }}
-table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
-td, th {{ border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }}
-th {{ background: #f3f3f3; }}
-#tlg-head {{ position: fixed; right: 1em; top: 1em; width: 22em; max-height: 90vh; overflow: auto; background: #fff;
-  border: 1px solid #999; padding: 0.5em; font-size: 0.8em; display: none; }}
-.tlg-plot {{ min-height: 360px; }}
-</style>
-<script>{plotly.offline.get_plotlyjs()}</script>
-</head><body>
-<h1>{html.escape(title)}</h1>
-<h2>Run settings</h2>
+    body = f"""<h2>Run settings</h2>
 {_table(setting_rows, ["setting", "value"])}
-{notes}<h2>Claims of the paper (docs/metrics.md#claims) and what this run measured</h2>
+{notes}<h2>Claims of the paper and what this run measured</h2>
 {_table(claims, ["id", "paper", "measured", "holds", "rule"])}
 <div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
 <script>
@@ -150,15 +139,73 @@ function showHead(name) {{
   }});
 }}
 </script>
-{blocks}
+{blocks}"""
+    return _page(title, body)
+
+
+def _page(title: str, body: str) -> str:
+    """A self-contained HTML page (plotly inlined) around ``body``; ``title`` is escaped here."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
+td, th {{ border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; }}
+#tlg-head {{ position: fixed; right: 1em; top: 1em; width: 22em; max-height: 90vh; overflow: auto; background: #fff;
+  border: 1px solid #999; padding: 0.5em; font-size: 0.8em; display: none; }}
+.tlg-plot {{ min-height: 360px; }}
+</style>
+<script>{plotly.offline.get_plotlyjs()}</script>
+</head><body>
+<h1>{html.escape(title)}</h1>
+{body}
 </body></html>
 """
+
+
+def build_comparison(comparison: Comparison, *, title: str | None = None) -> str:
+    """The comparison of two analyses as an HTML page: what was compared, agreement and κ, the
+    transition matrix, the regime shares, the heads that changed most, and every figure."""
+    c = comparison
+    title = title or f"tl_geometry: {c.names[0]} vs {c.names[1]}"
+    rows = [{"": "compared", "value": c.note}]
+    if c.head_by_head:
+        rows += [{"": "label agreement", "value": f"{c.agreement:.3f}"}, {"": "Cohen's κ", "value": f"{c.kappa:.3f}"}]
+    for name, analysis in zip(c.names, (c.a, c.b), strict=True):
+        settings = analysis.geometry.settings
+        rows.append({"": name, "value": f"{settings.get('model', '?')} on {settings.get('corpus', '?')}, "
+                                        f"{settings.get('n_windows', '?')} windows × {settings.get('seq_len', '?')} tokens"})
+    fractions = c.fractions().reset_index(names="regime")
+    parts = [_table(rows, ["", "value"]), "<h2>Regime shares</h2>",
+             _table([{k: (f"{v:.1%}" if isinstance(v, float) else v) for k, v in row.items()}
+                     for row in fractions.to_dict(orient="records")], list(fractions.columns))]
+    if c.head_by_head:
+        counts, shares = c.transition_table(), c.transition_table(shares=True)
+        table = [{"": index, **{col: f"{int(counts.loc[index, col])} ({shares.loc[index, col]:.0%})"
+                                for col in counts.columns}} for index in counts.index]
+        parts += ["<h2>Regime transitions (rows: first, columns: second)</h2>", _table(table, ["", *counts.columns])]
+        changed = c.changed_heads()
+        columns = [col for col in changed.columns if col in ("name", "changed") or col.startswith(("regime_", "delta_gap"))]
+        parts += ["<h2>Heads that changed most</h2>",
+                  _table([{k: (f"{v:+.3f}" if isinstance(v, float) else v) for k, v in row.items()}
+                          for row in changed[columns].to_dict(orient="records")], columns)]
+    parts += [f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i)}"
+              for i, (name, fig) in enumerate(plots.comparison_figures(c))]
+    return _page(title, "\n".join(parts))
+
+
+def write_comparison(comparison: Comparison, path: str | Path, **kwargs) -> Path:
+    """Write :func:`build_comparison` to ``path`` atomically and return the path."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(build_comparison(comparison, **kwargs), encoding="utf-8")
+    return path
 
 
 def write_report(analysis: Analysis, path: str | Path, **kwargs) -> Path:
     """Write :func:`build_report` to ``path`` atomically and return the path."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(build_report(analysis, **kwargs), encoding="utf-8")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(build_report(analysis, **kwargs), encoding="utf-8")
     return path
