@@ -103,9 +103,30 @@ def test_every_option_has_help_and_shows_its_default():
         for action in sub._actions:
             if action.dest != "help":
                 assert action.help, f"{name} {action.option_strings or action.dest} has no help"
-        text = sub.format_help()
+        text = " ".join(sub.format_help().split())
         if name == "analyze":
-            assert "(default: smollm2-135m)" in text and "(default: 256)" in text and "(default: 64)" in text
+            assert "(default: smollm2-135m)" in text and "(default: 256; 1024 with" in text and "(default: 64)" in text
+            assert "(default: None)" not in text
+
+
+def test_paper_protocol_sets_the_published_setting_and_flags_override_it(monkeypatch):
+    import tl_geometry.cli as cli
+
+    seen = {}
+
+    def stop(args):
+        cli._apply_protocol(args)
+        seen.update(vars(args))
+        raise TLGeometryError("stop")
+
+    for argv, expected in ((["--protocol", "paper"], (1024, "last", "1,2,4,8,16,32", "16")),
+                           (["--protocol", "paper", "--seq-len", "512"], (512, "last", "1,2,4,8,16,32", "16")),
+                           ([], (256, "last", "1,2,4,8,16,32", "auto"))):
+        parser = build_parser()
+        parser._subparsers._group_actions[0].choices["analyze"].set_defaults(handler=stop)
+        monkeypatch.setattr(cli, "build_parser", lambda parser=parser: parser)
+        assert main(["analyze", *argv]) == 2
+        assert (seen["seq_len"], seen["queries"], seen["n"], seen["repeats"]) == expected
 
 
 def test_unknown_model_is_one_line_error(capsys):

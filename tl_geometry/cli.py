@@ -41,6 +41,26 @@ def _parse_repeats(text: str) -> int | str:
         raise TLGeometryError(f"--repeats must be 'auto' or an integer ≥ 0; got {text!r}") from None
 
 
+# Window length, query protocol, N ladder and random rankings of each protocol; explicit flags win.
+PROTOCOLS = {
+    "default": {"seq_len": 256, "queries": "last", "n": "1,2,4,8,16,32", "repeats": "auto"},
+    "paper": {"seq_len": 1024, "queries": "last", "n": "1,2,4,8,16,32", "repeats": "16"},
+}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: …)`` except for options whose default comes from ``--protocol``."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def _apply_protocol(args: argparse.Namespace) -> None:
+    for name, value in PROTOCOLS[args.protocol].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def _positive(flag: str, value: int) -> None:
     if value < 1:
         raise TLGeometryError(f"{flag} must be ≥ 1; got {value}")
@@ -133,6 +153,7 @@ def _analyze(args: argparse.Namespace) -> None:
     from .models import BUNDLED_MODELS, load_model
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
+    _apply_protocol(args)
     if args.model not in BUNDLED_MODELS and "/" not in args.model:
         raise TLGeometryError(f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
     if args.seq_len < 2:
@@ -174,7 +195,8 @@ def _analyze(args: argparse.Namespace) -> None:
         return
     result = analysis.geometry
     for settings in (result.settings, analysis.taxonomy.settings):
-        settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size)
+        settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size,
+                        protocol=args.protocol)
     run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
     report = _write_report(run, say)
     run.checkpoint.unlink(missing_ok=True)
@@ -288,9 +310,9 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=_HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _HelpFormatter
     analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus", formatter_class=fmt,
                              description="Measure separability, sink diagnostics, certificates and the head taxonomy "
                                          "over corpus windows, and write a run folder with report.html.")
@@ -298,16 +320,22 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bundled offline model (smollm2-135m, gemma-3-270m) or a Hugging Face name")
     analyze.add_argument("--corpus", default="python-reference",
                          help="offline: python-reference, lee-news; hub: wikitext-103, openwebtext; or a .txt/.jsonl path")
+    analyze.add_argument("--protocol", choices=list(PROTOCOLS), default="default",
+                         help="preset of --seq-len, --queries, --n and --repeats: default (256-token windows, last "
+                              "query, N = 1..32, auto random rankings) or paper (the published setting: 1024-token "
+                              "windows, final query, N = 1..32, 16 random rankings); explicit flags override it")
     analyze.add_argument("--windows", type=int, default=64, help="number of windows cut from the corpus")
-    analyze.add_argument("--seq-len", type=int, default=256, help="tokens per window, BOS included")
-    analyze.add_argument("--n", "--n-values", dest="n", default="1,2,4,8,16,32",
-                         help="comma-separated N values, each < --seq-len (spell it --n-values under torchrun, "
-                              "whose parser claims --n)")
-    analyze.add_argument("--queries", choices=["last", "all"], default="last",
-                         help="measure the last query of each window, or every query")
-    analyze.add_argument("--repeats", default="auto",
+    analyze.add_argument("--seq-len", type=int, default=None,
+                         help="tokens per window, BOS included (default: 256; 1024 with --protocol paper)")
+    analyze.add_argument("--n", "--n-values", dest="n", default=None,
+                         help="comma-separated N values, each < --seq-len (default: 1,2,4,8,16,32); spell it "
+                              "--n-values under torchrun, whose parser claims --n")
+    analyze.add_argument("--queries", choices=["last", "all"], default=None,
+                         help="measure the last query of each window, or every query (default: last)")
+    analyze.add_argument("--repeats", default=None,
                          help="random rankings per query, or auto: 16 with --queries last, one per "
-                              "query with --queries all (at least 16 draws per window and head); 0 skips the baseline")
+                              "query with --queries all (at least 16 draws per window and head); 0 skips the "
+                              "baseline (default: auto; 16 with --protocol paper)")
     analyze.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
     analyze.add_argument("--seed", type=int, default=0, help="seeds the windows and the random rankings")
     analyze.add_argument("--out", default=None, help="run folder (default: runs/MODEL-CORPUS)")
