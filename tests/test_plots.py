@@ -82,3 +82,15 @@ def test_cells_cover_most_of_the_plot_area_in_a_browser(tmp_path, layers, heads)
     assert found, dom.stderr[-1000:]
     ratio, width, height = float(found[1]), int(found[2]), int(found[3])
     assert ratio > 0.9 and width > 300 and height > 200  # cells fill the grid; the grid fills the plot
+
+
+def test_whitespace_tokens_are_visible_and_escaped():
+    assert plots.visible_token(" the") == "␣the" and plots.visible_token("\n\t") == "↵⇥"
+    assert plots.visible_token("") == "∅" and plots.visible_token(" <b>") == "␣&lt;b&gt;"
+
+
+def test_a_dominant_point_is_left_off_the_pca_range():
+    cloud = torch.randn(10, 2, generator=torch.Generator().manual_seed(0))
+    assert plots._off_scale(cloud) is None
+    cloud[0] = torch.tensor([80.0, -60.0])  # a sink that dwarfs the rest
+    assert plots._off_scale(cloud) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -82,3 +83,15 @@ def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
     text = fig.to_json()
     assert "<script" not in text and "&lt;" in text  # token pieces of the tag arrive escaped
     assert fig.layout.title.text.startswith("L3H1, N=2: P=")
+    bars, selected, unselected = fig.data[0], fig.data[1], fig.data[2]
+    assert bars.x[2].startswith("2: ␣") and all(": " in label for label in bars.x)  # tokens, spaces visible
+    distances = sorted([*zip(selected.x, selected.y, strict=True), *zip(unselected.x, unselected.y, strict=True)])
+    assert [d for _, d in distances] == sorted(d for _, d in distances)  # sorted by distance
+    rho_max, rho_min = max(selected.y), min(unselected.y)
+    assert sorted(shape.y0 for shape in fig.layout.shapes) == sorted([rho_max, rho_min])  # the two radii as lines
+    # P and R read off the picture: outsiders at or under ρ_max, insiders under ρ_min
+    p, r = (float(x) for x in re.findall(r"P=([\d.]+) R=([\d.]+)", fig.layout.title.text)[0])
+    inside = sum(d <= rho_max for d in unselected.y)
+    assert p == pytest.approx(2 / (2 + inside), abs=0.005) and r == pytest.approx(sum(d < rho_min for d in selected.y) / 2, abs=0.005)
+    positions = {a.text: (a.xanchor, a.yanchor) for a in fig.layout.annotations if a.text in ("ρ_max", "ρ_min")}
+    assert len(positions) == 2 and positions["ρ_max"] != positions["ρ_min"]  # the labels do not sit on each other

@@ -26,7 +26,7 @@ from .errors import TLGeometryError
 from .io import head_name
 from .taxonomy import REGIMES, HeadTaxonomy
 
-__all__ = ["REGIME_COLORS", "safe_text", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
+__all__ = ["REGIME_COLORS", "safe_text", "visible_token", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
            "pruning_plot", "head_drilldown", "topn_plot", "comparison_figures"]
 
 REGIME_COLORS = {"retriever": "#1f77b4", "mixer": "#d62728", "reset": "#2ca02c"}
@@ -324,11 +324,33 @@ def topn_plot(deletion) -> go.Figure:
     return fig
 
 
+def visible_token(text: str) -> str:
+    """A token for display: whitespace made visible (␣ space, ↵ newline, ⇥ tab, ∅ empty), then escaped."""
+    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\r", "␍").replace("\t", "⇥")
+    return safe_text(shown or "∅")
+
+
+def _off_scale(xy: torch.Tensor) -> int | None:
+    """The index of a point so far from the others (more than 4 times their spread) that an axis
+    range holding it would squash the rest to a dot, or None."""
+    if xy.shape[0] < 3:
+        return None
+    big = int(xy.norm(dim=-1).argmax())
+    others = torch.cat([xy[:big], xy[big + 1:]])
+    spread = float((others - others.mean(0)).norm(dim=-1).max())
+    return big if float((xy[big] - others.mean(0)).norm()) > 4 * max(spread, 1e-12) else None
+
+
 def head_drilldown(model: Any, text: str, layer: int, head: int, n: int = 4, *, query: int | None = None) -> go.Figure:
-    """One head on one text: each source token's attention, contribution norm and top-N membership
-    at the query (default: the last token), and the contributions ``y_i`` projected to 2-D (PCA)
-    with the aggregate ``s_N``, the radii ``ρ_max`` / ``ρ_min`` (true distances, drawn around the
-    projected ``s_N``), selected and unselected sources."""
+    """One head on one text, at one query (default: the last token). Three panels:
+
+    - each source's attention, the top-N selected in red, the tokens on the axis;
+    - the distances ``D_j = ‖y_j − s_N‖`` sorted, selected sources marked, with ``ρ_max`` and
+      ``ρ_min`` as two lines: unselected points at or below ``ρ_max`` are what costs precision,
+      selected points at or above ``ρ_min`` what costs recall;
+    - the contributions ``y_i`` projected to 2-D (PCA) with ``s_N``; a source that dwarfs the
+      others (usually the sink) is left off the axis range and marked at its edge.
+    """
     from .adapters import stream_layers
     from .analysis import tokenize_texts
     from .metrics import separability
@@ -349,38 +371,56 @@ def head_drilldown(model: Any, text: str, layer: int, head: int, n: int = 4, *, 
     dist = (y - s).norm(dim=-1)
     rho_max = max(float(dist[i]) for i in selected)
     rho_min = min(float(dist[j]) for j in range(t + 1) if j not in selected)
-    sep = separability(att.pattern[:, :, : t + 1, : t + 1], att.v[:, : t + 1], n, queries=torch.tensor([t]))
+    sep = separability(att.pattern[:, :, : t + 1, : t + 1], att.kv_values[:, : t + 1], n, queries=torch.tensor([t]))
     p, r, f = (float(getattr(sep, k)[0, head, 0, 0]) for k in ("precision", "recall", "f"))
-    pieces = [safe_text(model.tokenizer.decode([int(x)])) for x in tokens[0, :t + 1]]
-    labels = [f"{j}: {piece}" for j, piece in enumerate(pieces)]
+    labels = [f"{j}: {visible_token(model.tokenizer.decode([x]))}" for j, x in enumerate(tokens[0, :t + 1].tolist())]
+    status = ["selected" if j in selected else "unselected" for j in range(t + 1)]
+    hover = [f"{label}<br>α={a:.3f}<br>‖y‖={c:.3f}<br>D={d:.3f}<br>{state}" for label, a, c, d, state in
+             zip(labels, alpha.tolist(), y.norm(dim=-1).tolist(), dist.tolist(), status, strict=True)]
 
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45],
-                        subplot_titles=(f"sources of query {t} ({labels[t]})", "contributions y_i (PCA)"))
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.42, 0.30, 0.28], horizontal_spacing=0.07,
+                        subplot_titles=(f"sources of query {labels[t]}", "distances to s_N, sorted",
+                                        "contributions y_i (PCA)"))
     colors = ["#d62728" if j in selected else "#9e9e9e" for j in range(t + 1)]
-    fig.add_trace(go.Bar(x=list(range(t + 1)), y=alpha.tolist(), name="attention α", marker_color=colors,
-                         hovertext=[f"{label}<br>α={a:.3f}<br>‖y‖={c:.3f}<br>{'selected' if j in selected else 'unselected'}"
-                                    for j, (label, a, c) in enumerate(zip(labels, alpha.tolist(), y.norm(dim=-1).tolist(),
-                                                                          strict=True))],
-                         hoverinfo="text"), row=1, col=1)
+    fig.add_trace(go.Bar(x=labels, y=alpha.tolist(), name="attention α", marker_color=colors, hovertext=hover,
+                         hoverinfo="text", showlegend=False), row=1, col=1)
+    ranked = sorted(range(t + 1), key=lambda j: (float(dist[j]), j))
+    for group, color, symbol in (("selected", "#d62728", "circle"), ("unselected", "#9e9e9e", "circle-open")):
+        ranks = [rank for rank, j in enumerate(ranked) if status[j] == group]
+        fig.add_trace(go.Scatter(x=ranks, y=[float(dist[ranked[k]]) for k in ranks], mode="markers", name=group,
+                                 marker={"color": color, "size": 9, "symbol": symbol},
+                                 hovertext=[hover[ranked[k]] for k in ranks], hoverinfo="text"), row=1, col=2)
+    for radius, name, dash, position in ((rho_max, "ρ_max", "solid", "top left"),
+                                         (rho_min, "ρ_min", "dash", "bottom right")):
+        fig.add_hline(y=radius, line={"dash": dash, "color": "black", "width": 1}, annotation_text=name,
+                      annotation_position=position, row=1, col=2)
     points = torch.cat([y, s[None]])
     centred = points - points.mean(0)
     basis = torch.linalg.svd(centred, full_matrices=False).Vh[:2] if centred.shape[0] > 1 else torch.eye(2, v.shape[1])
     xy = centred @ basis.T
-    for group, members, color in (("selected", sorted(selected), "#d62728"),
-                                  ("unselected", [j for j in range(t + 1) if j not in selected], "#9e9e9e")):
+    for group, color in (("selected", "#d62728"), ("unselected", "#9e9e9e")):
+        members = [j for j in range(t + 1) if status[j] == group]
         fig.add_trace(go.Scatter(x=xy[members, 0].tolist(), y=xy[members, 1].tolist(), mode="markers", name=group,
-                                 marker={"color": color, "size": 9}, hovertext=[labels[j] for j in members],
-                                 hoverinfo="text"), row=1, col=2)
-    sx, sy = float(xy[-1, 0]), float(xy[-1, 1])
-    fig.add_trace(go.Scatter(x=[sx], y=[sy], mode="markers", name=f"s_N (N={n})",
-                             marker={"symbol": "star", "size": 16, "color": "black"}), row=1, col=2)
-    for radius, name, dash in ((rho_max, "ρ_max", "solid"), (rho_min, "ρ_min", "dash")):
-        fig.add_shape(type="circle", x0=sx - radius, x1=sx + radius, y0=sy - radius, y1=sy + radius,
-                      line={"dash": dash, "color": "black"}, row=1, col=2)
-        fig.add_annotation(x=sx + radius, y=sy, text=name, showarrow=False, xanchor="left", row=1, col=2)
-    fig.update_xaxes(title="source position", row=1, col=1)
+                                 marker={"color": color, "size": 8}, hovertext=[hover[j] for j in members],
+                                 hoverinfo="text", showlegend=False), row=1, col=3)
+    fig.add_trace(go.Scatter(x=[float(xy[-1, 0])], y=[float(xy[-1, 1])], mode="markers", name=f"s_N (N={n})",
+                             marker={"symbol": "star", "size": 15, "color": "black"}), row=1, col=3)
+    big = _off_scale(xy[:-1])
+    if big is not None:
+        rest = torch.cat([xy[:big], xy[big + 1:]])  # s_N stays in range
+        pad = 0.1 * float((rest.max(0).values - rest.min(0).values).max()) or 1.0
+        lo, hi = rest.min(0).values - pad, rest.max(0).values + pad
+        fig.update_xaxes(range=[float(lo[0]), float(hi[0])], row=1, col=3)
+        fig.update_yaxes(range=[float(lo[1]), float(hi[1])], row=1, col=3)
+        edge = torch.maximum(torch.minimum(xy[big], hi), lo)
+        fig.add_annotation(x=float(edge[0]), y=float(edge[1]), text=f"{labels[big]} (off scale)", showarrow=False,
+                           bgcolor="rgba(255,255,255,0.8)", row=1, col=3)
+    fig.update_xaxes(title="source", tickangle=-60, row=1, col=1)
     fig.update_yaxes(title="α", row=1, col=1)
-    fig.update_yaxes(scaleanchor="x2", scaleratio=1, row=1, col=2)
-    fig.update_layout(title=f"{head_name(layer, head)}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, margin {rho_min - rho_max:+.3f}",
-                      template="plotly_white", height=440)
+    fig.update_xaxes(title="rank by distance", row=1, col=2)
+    fig.update_yaxes(title="D_j", row=1, col=2)
+    fig.update_layout(title=f"{head_name(layer, head)}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, "
+                            f"margin {rho_min - rho_max:+.3f}", template="plotly_white", height=480,
+                      legend={"orientation": "h", "y": 1.1, "x": 1, "xanchor": "right"})
     return fig
+
