@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup analyze test lint bench legacy-test
+.PHONY: setup analyze test lint bench legacy-test tl2-test
 
 setup:
 	@bash scripts/setup.sh
@@ -28,3 +28,13 @@ bench: setup
 legacy-test:
 	@TLG_VENV=.venv-tl3 TLG_EXTRA="transformer-lens==3.9.0" bash scripts/setup.sh
 	.venv-tl3/bin/python -m pytest tests -m "not slow" $(PYTEST_ARGS)
+
+# TransformerLens 2.x notebooks (HookedTransformer only, no bridge): TL 2.16.1 pins NumPy < 2, so
+# datasets < 3 and pyarrow < 18 (newer ones need NumPy 2). The non-slow suite, then the real
+# SmolLM2 as a HookedTransformer: it loads, matches the Hugging Face model, and the CLI runs.
+TL2_REAL = smollm2_loads or matches_the_hugging_face or analyze_writes_results
+tl2-test:
+	@TLG_VENV=.venv-tl2 TLG_EXTRA="transformer-lens==2.16.1 datasets<3 pyarrow<18" bash scripts/setup.sh
+	.venv-tl2/bin/python -m pytest tests -m "not slow" $(PYTEST_ARGS)
+	.venv-tl2/bin/python -m pytest tests -m slow -k "$(TL2_REAL)" $(PYTEST_ARGS)
+

@@ -9,11 +9,11 @@ import tl_geometry as tlg
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.taxonomy import vote_counts
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_model
 
 
 def test_one_pass_equals_separate_passes_and_per_layer_votes(tmp_path):
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     tokens = random_tokens(5, 9, seed=2)
     res = tlg.analyze(model, tokens, (1, 2, 4), repeats=2, batch_size=2, progress=False, bootstrap=20)
     alone = tlg.analyze_separability(model, tokens, (1, 2, 4), repeats=2, batch_size=5, progress=False, bootstrap=20)
@@ -62,13 +62,13 @@ def test_texts_are_tokenised_with_bos_and_right_padding(smollm2):
 _KILLED_RUN = """
 import time, torch, tl_geometry as tlg
 import tl_geometry.analysis as analysis_module
-from tests.tiny import tiny_bridge, random_tokens
+from tests.tiny import tiny_model, random_tokens
 real = analysis_module.stream_layers
 def slow(*args, **kwargs):
     time.sleep(0.4)  # slow batches, so that the parent can kill the run in the middle
     return real(*args, **kwargs)
 analysis_module.stream_layers = slow
-tlg.analyze(tiny_bridge(4, 2), random_tokens(8, 10, seed=9), (1, 2, 4), repeats=2, batch_size=2, progress=False,
+tlg.analyze(tiny_model(4, 2), random_tokens(8, 10, seed=9), (1, 2, 4), repeats=2, batch_size=2, progress=False,
             bootstrap=20, checkpoint={path!r})
 """
 
@@ -95,7 +95,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
     with safe_open(str(path), framework="pt") as fh:
         done = fh.get_tensor("window_ids").numel()
     assert 2 <= done < 8  # killed mid-run: at most the batch in flight is lost
-    model, tokens = tiny_bridge(4, 2), random_tokens(8, 10, seed=9)
+    model, tokens = tiny_model(4, 2), random_tokens(8, 10, seed=9)
     options = {"repeats": 2, "batch_size": 2, "progress": False, "bootstrap": 20}
     resumed = tlg.analyze(model, tokens, (1, 2, 4), checkpoint=path, **options)
     whole = tlg.analyze(model, tokens, (1, 2, 4), **options)
@@ -112,7 +112,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
 
 
 def test_bad_input_to_analyze_is_one_clear_error(tmp_path):
-    model = tiny_bridge(4, 2)  # n_ctx 64
+    model = tiny_model(4, 2)  # n_ctx 64
     tokens = random_tokens(2, 9, seed=1)
     cases = [
         (dict(tokens_or_texts=tokens, batch_size=0), "batch_size must be an int ≥ 1"),
@@ -133,7 +133,7 @@ def test_bad_input_to_analyze_is_one_clear_error(tmp_path):
 
 
 def test_numpy_token_ids_equal_torch_token_ids():
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     tokens = random_tokens(2, 9, seed=1)
     a = tlg.analyze(model, tokens, (1, 2), repeats=1, progress=False, bootstrap=10)
     b = tlg.analyze(model, tokens.numpy(), (1, 2), repeats=1, progress=False, bootstrap=10)
@@ -141,7 +141,7 @@ def test_numpy_token_ids_equal_torch_token_ids():
 
 
 def test_unmeasurable_n_warns_with_the_reason():
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     with pytest.warns(UserWarning, match="N = 8, 16: not measurable, windows of 8 tokens give at most 8"):
         res = tlg.analyze(model, random_tokens(2, 8, seed=1), (1, 8, 16), repeats=1, progress=False, bootstrap=10)
     assert res.geometry.mean("f_top")[..., 1:].isnan().all() and not res.geometry.mean("f_top")[..., 0].isnan().any()
@@ -161,7 +161,7 @@ def test_the_model_is_described_once_per_analysis(monkeypatch):
 
     monkeypatch.setattr(analysis_module, "describe_model", counting)
     monkeypatch.setattr(adapters, "describe_model", counting)
-    tlg.analyze(tiny_bridge(4, 2), random_tokens(6, 9, seed=1), (1, 2), repeats=1, batch_size=2, progress=False,
+    tlg.analyze(tiny_model(4, 2), random_tokens(6, 9, seed=1), (1, 2), repeats=1, batch_size=2, progress=False,
                 bootstrap=10)
     assert len(calls) == 1  # three batches
 
@@ -195,7 +195,7 @@ def test_a_cache_gives_the_results_of_the_model(factory):
 
 def test_geometry_under_the_users_own_hooks():
     """Inside an ablation (or any patching hook) the analysis measures the patched run."""
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     tokens = random_tokens(2, 10, seed=5)
     clean = tlg.analyze(model, tokens, (1, 2), repeats=1, progress=False, bootstrap=10)
     with tlg.ablate_heads(model, [(0, 1)], mode="sink"):

@@ -237,10 +237,10 @@ def test_report_refuses_a_malformed_derived_table(capsys, tmp_path):
     import tl_geometry as tlg
     from tl_geometry.run_folder import RunFolder
 
-    from .tiny import random_tokens, tiny_bridge
+    from .tiny import random_tokens, tiny_model
 
     run = RunFolder(tmp_path)
-    analysis = tlg.analyze(tiny_bridge(4, 2), random_tokens(2, 8), (1, 2), repeats=1, progress=False, bootstrap=10)
+    analysis = tlg.analyze(tiny_model(4, 2), random_tokens(2, 8), (1, 2), repeats=1, progress=False, bootstrap=10)
     run_id = run.write_analysis(analysis, {}, {})
     run.write_derived("topn.csv", pd.DataFrame({"n": ["one"], "delta": [0.1]}), run_id)
     before = snapshot(tmp_path)

@@ -17,12 +17,12 @@ from tl_geometry.errors import TLGeometryError
 from tl_geometry.run_folder import RunFolder
 from tl_geometry.taxonomy import REGIMES, HeadTaxonomy
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_model
 
 
 @pytest.fixture(scope="module")
 def pair():
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     run = lambda seed, n: tlg.analyze(model, random_tokens(3, 12, seed=seed), n, repeats=1, progress=False,  # noqa: E731
                                       bootstrap=10)
     return run(1, (1, 2, 4)), run(2, (2, 4, 8))
@@ -69,7 +69,7 @@ def test_per_head_differences_cover_the_shared_n(pair):
 
 
 def test_different_architectures_compare_at_the_model_level_only(pair):
-    other = tlg.analyze(tiny_bridge(2, 1, n_layers=2), random_tokens(2, 10), (1, 2), repeats=1, progress=False,
+    other = tlg.analyze(tiny_model(2, 1, n_layers=2), random_tokens(2, 10), (1, 2), repeats=1, progress=False,
                         bootstrap=10)
     c = tlg.compare(pair[0], other)
     assert not c.head_by_head and c.kappa is None and "model level only" in c.note

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 import tl_geometry as tlg
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_model
 
 NS = (1, 2, 4)
 
@@ -29,7 +29,7 @@ def _assert_same(a: tlg.Analysis, b: tlg.Analysis, atol: float = 0.0) -> None:
 
 
 def test_any_split_in_any_order_merges_to_the_whole_run():
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     tokens = random_tokens(7, 10, seed=6)
     whole = tlg.analyze(model, tokens, NS, repeats=3, batch_size=1, progress=False, bootstrap=20)
     parts = [[4, 0, 6], [2], [5, 1, 3]]
@@ -45,7 +45,7 @@ def _worker(rank: int, world_size: int, init_file: str, out: str, n_windows: int
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     res = tlg.analyze(model, random_tokens(n_windows, 10, seed=6), NS, repeats=3, batch_size=1, progress=False,
                       bootstrap=20)
     if rank == 0:
@@ -56,7 +56,7 @@ def _worker(rank: int, world_size: int, init_file: str, out: str, n_windows: int
 def test_two_gloo_processes_equal_one(tmp_path):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "run")), nprocs=2, join=True)
     sharded = tlg.Analysis.load(tmp_path / "run")
-    whole = tlg.analyze(tiny_bridge(4, 2), random_tokens(5, 10, seed=6), NS, repeats=3, batch_size=1, progress=False,
+    whole = tlg.analyze(tiny_model(4, 2), random_tokens(5, 10, seed=6), NS, repeats=3, batch_size=1, progress=False,
                         bootstrap=20)
     _assert_same(sharded, whole, atol=1e-6)  # another process may order float sums differently; votes exact
     assert sharded.geometry.settings["world_size"] == 2 and sharded.geometry.settings["n_windows"] == 5
@@ -65,7 +65,7 @@ def test_two_gloo_processes_equal_one(tmp_path):
 def test_more_ranks_than_windows_leave_a_shard_empty(tmp_path):
     mp.spawn(_worker, args=(3, str(tmp_path / "init"), str(tmp_path / "run"), 2), nprocs=3, join=True)
     sharded = tlg.Analysis.load(tmp_path / "run")
-    whole = tlg.analyze(tiny_bridge(4, 2), random_tokens(2, 10, seed=6), NS, repeats=3, batch_size=1, progress=False,
+    whole = tlg.analyze(tiny_model(4, 2), random_tokens(2, 10, seed=6), NS, repeats=3, batch_size=1, progress=False,
                         bootstrap=20)
     _assert_same(sharded, whole, atol=1e-6)
     assert sharded.geometry.settings["world_size"] == 3 and sharded.geometry.window_ids.tolist() == [0, 1]

@@ -18,14 +18,14 @@ from tl_geometry.layer_measures import RandomDraws
 from tl_geometry.metrics import separability
 from tl_geometry.sink import f_by_sink, sink_geometry
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_model
 
 NS = (1, 2, 4)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_bridge(4, 2)
+    return tiny_model(4, 2)
 
 
 def test_result_equals_metrics_on_the_cache(model):

@@ -101,3 +101,16 @@ def test_building_the_cache_from_gguf_reproduces_it(smollm2, tmp_path):
     fresh = load_file(tmp_path / "rebuilt" / "model.safetensors")
     cached = load_file(models.model_cache_path("smollm2-135m") / "model.safetensors")
     assert fresh.keys() == cached.keys() and all(torch.equal(fresh[k], cached[k]) for k in fresh)
+
+
+@pytest.mark.slow
+def test_bundled_smollm2_matches_the_hugging_face_model(smollm2):
+    """Whatever class TransformerLens gives (bridge, or HookedTransformer on 2.x), the model computes
+    what the Hugging Face model of the same cached weights computes."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(models.model_cache_path("smollm2-135m"), dtype=torch.float32,
+                                              attn_implementation="eager")
+    tokens = smollm2.to_tokens(["Geometry of token selection, measured in value space."])
+    with torch.no_grad():
+        torch.testing.assert_close(smollm2(tokens), hf(tokens).logits, atol=1e-3, rtol=1e-4)

@@ -15,12 +15,12 @@ from tl_geometry import plots
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.taxonomy import REGIMES
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_model
 
 
 @pytest.fixture(scope="module")
 def res():
-    return tlg.analyze(tiny_bridge(4, 2), random_tokens(3, 12, seed=3), (1, 2, 4), repeats=1, progress=False,
+    return tlg.analyze(tiny_model(4, 2), random_tokens(3, 12, seed=3), (1, 2, 4), repeats=1, progress=False,
                        bootstrap=10)
 
 

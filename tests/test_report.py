@@ -15,14 +15,14 @@ from tl_geometry import plots
 from tl_geometry.interventions import TopNDeletion
 from tl_geometry.report import build_report, script_safe_json, write_report
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_model
 
 EVIL = "<script>document.title='pwned'</script>\"onmouseover=document.title='pwned' x=\"<img src=x onerror=document.title='pwned'>"
 
 
 @pytest.fixture(scope="module")
 def analysis():
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     res = tlg.analyze(model, random_tokens(4, 12), (1, 2, 4), repeats=2, progress=False, bootstrap=50)
     res.geometry.settings["corpus"] = EVIL  # user-given names are untrusted too
     scan = tlg.single_head_scan(model, random_tokens(2, 8), progress=False)

@@ -12,12 +12,12 @@ import tl_geometry as tlg
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.run_folder import RunFolder
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_model
 
 
 @pytest.fixture(scope="module")
 def two_analyses():
-    model = tiny_bridge(4, 2)
+    model = tiny_model(4, 2)
     run = lambda seed: tlg.analyze(model, random_tokens(2, 12, seed=seed), (1, 2), repeats=1, bootstrap=10,  # noqa: E731
                                    progress=False)
     return run(1), run(2)

@@ -39,6 +39,16 @@ def tiny_hooked(n_heads: int = 4, n_kv_heads: int | None = 2, n_layers: int = 3,
     return HookedTransformer(cfg).eval()
 
 
+def tiny_model(n_heads: int = 4, n_kv_heads: int | None = 2, n_layers: int = 3, seed: int = 0):
+    """A tiny random model of the class this TransformerLens has: the bridge (3.x/4.x), else a
+    HookedTransformer (2.x). For tests where the model class does not matter."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge  # noqa: F401
+    except ImportError:
+        return tiny_hooked(n_heads, n_kv_heads, n_layers, seed)
+    return tiny_bridge(n_heads, n_kv_heads, n_layers, seed)
+
+
 MODEL_FACTORIES = {
     "bridge-gqa": lambda: tiny_bridge(4, 2),
     "bridge-mqa": lambda: tiny_bridge(4, 1),

@@ -193,8 +193,15 @@ def _load_bundled(spec: BundledModel, device, dtype: torch.dtype):
             hf_logging.enable_progress_bar()
 
 
+def _has_bridge() -> bool:
+    try:
+        from transformer_lens.model_bridge import TransformerBridge  # noqa: F401
+    except ImportError:  # TransformerLens 2.x: HookedTransformer only
+        return False
+    return True
+
+
 def _load_bundled_quietly(spec: BundledModel, device, dtype: torch.dtype):
-    from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = model_cache_path(spec.name)
@@ -209,16 +216,58 @@ def _load_bundled_quietly(spec: BundledModel, device, dtype: torch.dtype):
             hf_model = hf_model.to(device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = TransformerBridge.boot_transformers(
-                spec.official_name, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype,
-                device=device,
-            )
+            if not _has_bridge():
+                model = _hooked_from_hf(spec, hf_model, tokenizer, dtype, device)
+            else:
+                from transformer_lens.model_bridge import TransformerBridge
+
+                model = TransformerBridge.boot_transformers(
+                    spec.official_name, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype,
+                    device=device,
+                )
     model.eval()
     return model
 
 
+def _hooked_from_hf(spec: BundledModel, hf_model, tokenizer, dtype: torch.dtype, device):
+    """A ``HookedTransformer`` of a cached LLaMA-architecture model, for TransformerLens 2.x (no
+    bridge, and SmolLM2 is not on its list of official models): the config read from the Hugging
+    Face one, the weights converted by TransformerLens's own LLaMA conversion, and no weight
+    processing (hook_v holds the model's value vectors, as on the bridge)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    hf = hf_model.config
+    architecture = (hf.architectures or ["?"])[0]
+    if architecture != "LlamaForCausalLM":
+        version = importlib.metadata.version("transformer-lens")
+        raise TLGeometryError(
+            f"{spec.name} ({architecture}) needs TransformerLens 3 or later: TransformerLens {version} has no "
+            "TransformerBridge, and its HookedTransformer does not implement this architecture. Use smollm2-135m, "
+            "or pip install 'transformer-lens>=3,<5'."
+        )
+    d_head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    rope = getattr(hf, "rope_parameters", None) or {}
+    cfg = HookedTransformerConfig(
+        d_model=hf.hidden_size, d_head=d_head, n_heads=hf.num_attention_heads, d_mlp=hf.intermediate_size,
+        n_layers=hf.num_hidden_layers, n_ctx=hf.max_position_embeddings, eps=hf.rms_norm_eps,
+        d_vocab=hf.vocab_size, act_fn=hf.hidden_act,
+        n_key_value_heads=hf.num_key_value_heads if hf.num_key_value_heads != hf.num_attention_heads else None,
+        normalization_type="RMS", positional_embedding_type="rotary", rotary_adjacent_pairs=False,
+        rotary_dim=d_head, rotary_base=float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))),
+        final_rms=True, gated_mlp=True, original_architecture=architecture, model_name=spec.official_name,
+        dtype=dtype, device=device, default_prepend_bos=True,
+    )
+    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=device is not None)
+    model.load_and_process_state_dict(convert_llama_weights(hf_model, cfg), fold_ln=False,
+                                      center_writing_weights=False, center_unembed=False, fold_value_biases=False,
+                                      refactor_factored_attn_matrices=False)
+    return model
+
+
 def load_model(name: str = "smollm2-135m", *, device=None, dtype: torch.dtype = torch.float32, **kwargs):
-    """Load a model as a ``TransformerBridge`` with eager attention.
+    """Load a model as a ``TransformerBridge`` with eager attention (on TransformerLens 2.x, which
+    has no bridge, the bundled SmolLM2 as a ``HookedTransformer``).
 
     Args:
         name: ``"smollm2-135m"`` (default; 30 layers, 9 query heads, 3 kv heads) or
