@@ -89,3 +89,4 @@ def test_cli_under_torchrun_equals_one_process(smollm2, tmp_path):
     one, two = pd.read_csv(tmp_path / "one" / "heads.csv"), pd.read_csv(tmp_path / "two" / "heads.csv")
     pd.testing.assert_frame_equal(one, two, atol=1e-6, rtol=0)
     assert json.loads((tmp_path / "two" / "settings.json").read_text())["world_size"] == 2
+    assert not list((tmp_path / "two").glob("checkpoint*"))  # every rank removed its own checkpoint

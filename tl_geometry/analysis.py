@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .adapters import describe_cache, describe_model, hook_names, is_cache, read_layer, stream_layers
 from .config import Distance, Queries, Ranking, RunConfig
-from .distributed import all_gather_objects, all_reduce, shard_indices, world
+from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
 from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
 from .io import head_name, load_tensors, save_tensors, token_digest
@@ -302,7 +302,7 @@ def analyze(
         tokens, window_ids = tokens[mine], window_ids[mine]
         attention_mask = None if attention_mask is None else attention_mask[mine]
         if checkpoint is not None:
-            checkpoint = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.rank{rank}{Path(checkpoint).suffix}")
+            checkpoint = shard_path(checkpoint, rank, world_size)
     else:
         world_size, all_windows = 1, int(tokens.shape[0])
     geometry = SeparabilityAccumulator(info.n_layers, info.n_heads, config)

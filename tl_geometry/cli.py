@@ -149,7 +149,7 @@ def _analyze(args: argparse.Namespace) -> None:
     from .analysis import analyze
     from .config import RunConfig
     from .corpus import load_corpus, make_windows
-    from .distributed import init_from_env
+    from .distributed import init_from_env, shard_path
     from .models import BUNDLED_MODELS, load_model
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
@@ -181,10 +181,11 @@ def _analyze(args: argparse.Namespace) -> None:
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
     # The inputs are valid: only now may an earlier run's checkpoint go.
-    if args.resume and not run.checkpoint.is_file():
+    own_checkpoint = shard_path(run.checkpoint, rank, world_size)
+    if args.resume and not own_checkpoint.is_file():
         say(f"no checkpoint in {run.path}: starting from the first window")
     run.create()
-    if not args.resume and rank == 0 and run.drop_stale_checkpoint():
+    if not args.resume and run.drop_stale_checkpoint(rank, world_size):
         say(f"removed the checkpoint of an earlier interrupted run in {run.path} (pass --resume to continue one)")
     started = time.perf_counter()
     analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=run.checkpoint,
@@ -192,6 +193,7 @@ def _analyze(args: argparse.Namespace) -> None:
     say(f"analysed {windows.tokens.numel()} tokens at {windows.tokens.numel() / (time.perf_counter() - started):.0f} "
         "tokens/s (model forward included)")
     if rank > 0:  # rank 0 writes the results and the report
+        own_checkpoint.unlink(missing_ok=True)
         return
     result = analysis.geometry
     for settings in (result.settings, analysis.taxonomy.settings):
@@ -199,7 +201,7 @@ def _analyze(args: argparse.Namespace) -> None:
                         protocol=args.protocol)
     run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
     report = _write_report(run, say)
-    run.checkpoint.unlink(missing_ok=True)
+    own_checkpoint.unlink(missing_ok=True)
     summary = result.summary()
     say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
     for row in summary.itertuples():

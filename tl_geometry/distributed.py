@@ -14,11 +14,12 @@ Example (2 processes on CPU)::
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["world", "init_from_env", "shard_indices", "all_reduce", "all_gather_objects"]
+__all__ = ["world", "init_from_env", "shard_indices", "shard_path", "all_reduce", "all_gather_objects"]
 
 
 def world() -> tuple[int, int]:
@@ -46,6 +47,12 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
 def shard_indices(n_windows: int, rank: int, world_size: int) -> torch.Tensor:
     """Windows of one rank: ``rank, rank + world_size, …`` (balanced to within one window)."""
     return torch.arange(rank, n_windows, world_size)
+
+
+def shard_path(path: str | Path, rank: int, world_size: int) -> Path:
+    """The file of one rank's own state (``name.rank{r}.ext``), or ``path`` itself in one process."""
+    path = Path(path)
+    return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
 def all_reduce(tensor: torch.Tensor) -> torch.Tensor:

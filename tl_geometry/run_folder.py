@@ -119,12 +119,15 @@ class RunFolder:
         except OSError as exc:
             raise TLGeometryError(f"cannot create output folder {str(self.path)!r} ({exc.strerror})") from None
 
-    def drop_stale_checkpoint(self) -> bool:
-        """Remove the checkpoint of an earlier interrupted run (call once the new run's inputs are
-        validated); True if there was one."""
-        if not self.checkpoint.is_file():
+    def drop_stale_checkpoint(self, rank: int = 0, world_size: int = 1) -> bool:
+        """Remove this process's checkpoint of an earlier interrupted run (call once the new run's
+        inputs are validated; under torchrun each rank its own); True if there was one."""
+        from .distributed import shard_path
+
+        path = shard_path(self.checkpoint, rank, world_size)
+        if not path.is_file():
             return False
-        self.checkpoint.unlink()
+        path.unlink()
         return True
 
     # ----- the analysis -------------------------------------------------------------------------
