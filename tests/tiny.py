@@ -58,7 +58,6 @@ MODEL_FACTORIES = {
 }
 
 
-
 def random_tokens(batch: int, pos: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(1, D_VOCAB, (batch, pos), generator=gen)

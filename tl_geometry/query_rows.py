@@ -40,7 +40,9 @@ _ROW_SUM_TOL = 1e-3
 # that produced them a few more; 4 eps covers both (bfloat16: 0.031, float16: 0.0039).
 _ROW_SUM_EPS = 4
 
+
 def as_n_tuple(n: int | Sequence[int]) -> tuple[int, ...]:
+    """N as a tuple of ints ≥ 1, in the caller's order (repeats kept)."""
     if isinstance(n, Tensor):
         n = n.tolist()
     values = tuple(n) if isinstance(n, Sequence) and not isinstance(n, str) else (n,)
@@ -59,6 +61,7 @@ def as_n_tuple(n: int | Sequence[int]) -> tuple[int, ...]:
 
 
 def check_inputs(pattern: Tensor, v: Tensor) -> None:
+    """Shapes: ``pattern`` ``[batch, head, pos, pos]``, ``v`` ``[batch, pos, kv_head, d_head]``, kv heads dividing heads."""
     if not isinstance(pattern, Tensor) or pattern.ndim != 4:
         raise TLGeometryError(
             f"pattern must be a tensor [batch, head, query, key]; got shape "

@@ -69,7 +69,6 @@ def separability_torch(job: SeparabilityJob, *, chunk_elements: int = CHUNK_ELEM
     return MetricFields(**out, sink_selected=sink_selected)
 
 
-
 def _chunk_metrics(alpha, order, cand, n_cand, values, value_sq, value_norm, ns, group, distance):
     """All metrics of one query chunk; working tensors are [batch, head, c, key].
 
