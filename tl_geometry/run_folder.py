@@ -145,9 +145,10 @@ class RunFolder:
         self._write_text(self.settings, json.dumps(settings, indent=1))
         self._write_frame("heads.csv", analysis.heads_table())
         self._write_frame("summary.csv", analysis.geometry.summary())
+        keep = {self.drilldown(regime).name for regime in drilldowns}
         for stale in [*self.path.glob("drilldown_*.json"), *(self.path / name for name in DERIVED_TABLES),
                       self.scan_checkpoint]:
-            if stale.name not in {f"drilldown_{regime}.json" for regime in drilldowns}:
+            if stale.name not in keep:
                 stale.unlink(missing_ok=True)
         for regime, figure in drilldowns.items():
             self._write_text(self.drilldown(regime), figure)
