@@ -4,7 +4,8 @@ One command, every ratio from this one run:
 
 1. ``tlg.analyze(model, tokens)`` (last query) and ``tlg.analyze(model, tokens, queries="all")``
    against ``model(tokens)``: SmolLM2-135M on 8 × 256 and Gemma 3 270M on 4 × 256 random tokens
-   (BOS first). Times: the three calls interleaved round after round in one process, medians;
+   (BOS first). Times: the three calls interleaved round after round in one process (5 rounds);
+   each ratio is the median over rounds of the round's own ratio to its plain forward;
    peak memory: one fresh process per call (``benchmarks/common.py``).
 2. ``tl-geometry analyze`` with its defaults (64 windows × 256 tokens of ``python-reference``):
    its analysis call against plain forwards of the same windows in the same batches (in the
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-ROUNDS = 3
+ROUNDS = 5
 CASES = {"smollm2-135m": (8, 256), "gemma-3-270m": (4, 256)}
 LENGTHS = (256, 512, 1024, 2048)
 
@@ -83,14 +84,21 @@ def child(argv: list[str]) -> None:
     for _ in range(ROUNDS):
         for variant, call in calls.items():
             times[variant].append(_timed(call))
-    print(json.dumps({variant: statistics.median(values) for variant, values in times.items()}))
+    # Ratios paired within a round (the calls run back to back), then the median: drift of the
+    # machine's speed between rounds cancels.
+    ratios = {variant: statistics.median(t / p for t, p in zip(values, times["plain"], strict=True))
+              for variant, values in times.items() if variant != "plain"}
+    print(json.dumps({"seconds": {variant: statistics.median(values) for variant, values in times.items()},
+                      "ratios": ratios}))
 
 
 def model_rows(name: str) -> dict:
     from benchmarks.common import run_fresh
 
-    seconds = run_fresh("benchmarks.bench_analysis", "time", name)
-    rows = {variant: {"seconds": value} for variant, value in seconds.items()}
+    timed = run_fresh("benchmarks.bench_analysis", "time", name)
+    rows = {variant: {"seconds": value} for variant, value in timed["seconds"].items()}
+    for variant, ratio in timed["ratios"].items():
+        rows[variant]["time_ratio"] = ratio
     for variant in rows:
         rows[variant].update(run_fresh("benchmarks.bench_analysis", "memory", name, variant, measure_memory=True))
     return rows
@@ -162,7 +170,6 @@ def main() -> None:
               f"{plain['peak_bytes'] / 2**20:.0f} MiB")
         for variant, target in (("analyze", "last query"), ("analyze_all", "all queries")):
             row = rows[variant]
-            row["time_ratio"] = row["seconds"] / plain["seconds"]
             row["memory_ratio"] = row["peak_bytes"] / plain["peak_bytes"]
             print(f"  tlg.analyze ({target}): {row['seconds']:.2f} s = {row['time_ratio']:.3f}x, "
                   f"peak {row['peak_bytes'] / 2**20:.0f} MiB = {row['memory_ratio']:.3f}x")
