@@ -94,37 +94,12 @@ def _drilldowns(model, analysis, windows) -> dict[str, str]:
 def _write_report(run: RunFolder, say=print) -> Path:
     """report.html from the files of a run folder (no model needed); derived tables of another
     analysis are left out, with a word."""
-    import torch
-
-    from .interventions import TopNDeletion
     from .report import write_report
 
     analysis = run.read_analysis()
-    tables, foreign = run.read_derived(analysis.geometry.settings.get("run_id"))
+    extras, foreign = run.read_report_extras(analysis)
     if foreign:
         say(f"left out of the report: {', '.join(foreign)} (computed from an earlier analysis; rerun tl-geometry prune)")
-    extras = {}
-    if "pruning.csv" in tables:
-        extras["pruning"] = tables["pruning.csv"]
-    if "single_head_scan.csv" in tables:
-        frame = tables["single_head_scan.csv"]
-        scan = torch.full(analysis.taxonomy.shape, torch.nan)
-        try:  # torch.tensor copies: pandas' read-only arrays would make torch warn
-            layers, heads = torch.tensor(frame["layer"].tolist()), torch.tensor(frame["head"].tolist())
-            values = torch.tensor(frame["delta_nll"].tolist(), dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            layers = None
-        if layers is None or layers.dtype != torch.int64 or heads.dtype != torch.int64 or frame.empty or \
-                int(layers.min()) < 0 or int(heads.min()) < 0 or int(layers.max()) >= scan.shape[0] or \
-                int(heads.max()) >= scan.shape[1]:
-            raise TLGeometryError(f"{run.path / 'single_head_scan.csv'} does not fit this analysis's "
-                                  f"{scan.shape[0]}×{scan.shape[1]} heads: rerun tl-geometry prune")
-        scan[layers, heads] = values.float()
-        extras["scan"] = scan
-    if "topn.csv" in tables:
-        frame = tables["topn.csv"]
-        extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].tolist(), dtype=torch.float64),
-                                       float("nan"), bool(renorm), {}) for renorm, part in frame.groupby("renormalise")]
     settings = analysis.geometry.settings
     title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
     return write_report(analysis, run.report, title=title, drilldowns=run.read_drilldowns(), **extras)
@@ -217,8 +192,6 @@ def _analyze(args: argparse.Namespace) -> None:
 
 
 def _prune(args: argparse.Namespace) -> None:
-    import pandas as pd
-
     from .corpus import load_corpus, make_windows
     from .interventions import (
         IMPORTANCE_METHODS,
@@ -227,7 +200,6 @@ def _prune(args: argparse.Namespace) -> None:
         single_head_scan,
         topn_deletion,
     )
-    from .io import head_name
     from .models import load_model
 
     for flag in ("--windows", "--seq-len", "--scan-windows", "--scan-seq-len"):
@@ -258,15 +230,9 @@ def _prune(args: argparse.Namespace) -> None:
     say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {path}")
     scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
     scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=not args.quiet)
-    grid = [(layer, head) for layer in range(scan.shape[0]) for head in range(scan.shape[1])]
-    run.write_derived("single_head_scan.csv", pd.DataFrame({
-        "layer": [g[0] for g in grid], "head": [g[1] for g in grid], "name": [head_name(a, b) for a, b in grid],
-        "delta_nll": scan.flatten().double().numpy()}), run_id)
-    rows = []
-    for renormalise in (False, True):
-        result = topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
-        rows += [{"n": n, "delta_nll": float(d), "renormalise": renormalise} for n, d in zip(result.n, result.delta_nll, strict=True)]
-    run.write_derived("topn.csv", pd.DataFrame(rows), run_id)
+    run.write_scan(scan, run_id)
+    run.write_topn([topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
+                    for renormalise in (False, True)], run_id)
     run.scan_checkpoint.unlink(missing_ok=True)
     report = _write_report(run, say)
     say(f"done in {time.perf_counter() - start:.0f}s")

@@ -27,13 +27,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from torch import Tensor
+
 from .errors import TLGeometryError
-from .io import atomic_path
+from .io import atomic_path, head_name
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from .analysis import Analysis
+    from .interventions import TopNDeletion
 
 __all__ = ["RunFolder", "DERIVED_TABLES"]
 
@@ -214,6 +218,59 @@ class RunFolder:
                                       "tl-geometry prune; rerun it")
             tables[name] = frame
         return tables, foreign
+
+    def write_scan(self, scan: Tensor, run_id: str | None) -> Path:
+        """``single_head_scan.csv`` from a ``[layer, head]`` ΔNLL tensor (one row per head)."""
+        import pandas as pd
+
+        layers, heads = scan.shape
+        grid = [(layer, head) for layer in range(layers) for head in range(heads)]
+        frame = pd.DataFrame({"layer": [g[0] for g in grid], "head": [g[1] for g in grid],
+                              "name": [head_name(a, b) for a, b in grid], "delta_nll": scan.flatten().double().numpy()})
+        return self.write_derived("single_head_scan.csv", frame, run_id)
+
+    def write_topn(self, results: list[TopNDeletion], run_id: str | None) -> Path:
+        """``topn.csv`` from top-N deletion results (one row per N and renormalisation)."""
+        import pandas as pd
+
+        rows = [{"n": n, "delta_nll": float(d), "renormalise": result.renormalise}
+                for result in results for n, d in zip(result.n, result.delta_nll, strict=True)]
+        return self.write_derived("topn.csv", pd.DataFrame(rows), run_id)
+
+    def read_report_extras(self, analysis: Analysis) -> tuple[dict[str, Any], list[str]]:
+        """The derived results of ``analysis`` as the report takes them (``pruning`` DataFrame,
+        ``scan`` ``[layer, head]`` tensor, ``topn`` list of ``TopNDeletion``), and the names of the
+        tables present that belong to another analysis."""
+        from .interventions import TopNDeletion
+
+        tables, foreign = self.read_derived(analysis.geometry.settings.get("run_id"))
+        extras: dict[str, Any] = {}
+        if "pruning.csv" in tables:
+            extras["pruning"] = tables["pruning.csv"]
+        if "single_head_scan.csv" in tables:
+            extras["scan"] = self._scan_tensor(tables["single_head_scan.csv"], analysis.taxonomy.shape)
+        if "topn.csv" in tables:
+            extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].tolist(), dtype=torch.float64),
+                                           float("nan"), bool(renorm), {})
+                              for renorm, part in tables["topn.csv"].groupby("renormalise")]
+        return extras, foreign
+
+    def _scan_tensor(self, frame: pd.DataFrame, shape: tuple[int, int]) -> Tensor:
+        """The ``[layer, head]`` ΔNLL of a scan table, refused when its heads do not fit ``shape``."""
+        scan = torch.full(shape, torch.nan)
+        try:  # torch.tensor copies: pandas' read-only arrays would make torch warn
+            layers, heads = torch.tensor(frame["layer"].tolist()), torch.tensor(frame["head"].tolist())
+            values = torch.tensor(frame["delta_nll"].tolist(), dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            layers = heads = None
+        fits = (layers is not None and layers.dtype == heads.dtype == torch.int64 and not frame.empty
+                and int(layers.min()) >= 0 and int(heads.min()) >= 0
+                and int(layers.max()) < shape[0] and int(heads.max()) < shape[1])
+        if not fits:
+            raise TLGeometryError(f"{self.path / 'single_head_scan.csv'} does not fit this analysis's "
+                                  f"{shape[0]}×{shape[1]} heads: rerun tl-geometry prune")
+        scan[layers, heads] = values.float()
+        return scan
 
     def read_drilldowns(self) -> list:
         import plotly.io
