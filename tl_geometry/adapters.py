@@ -41,6 +41,7 @@ __all__ = [
     "describe_model",
     "describe_cache",
     "names_filter",
+    "check_attention_mask",
     "hook_names",
     "read_layer",
     "stream_layers",
@@ -233,7 +234,9 @@ def _left_align_index(mask: Bool[Tensor, "batch pos"]) -> Int[Tensor, "batch pos
     return (torch.arange(pos, device=mask.device)[None, :] + first[:, None]) % pos
 
 
-def _check_mask(mask: Tensor, batch: int, pos: int) -> Bool[Tensor, "batch pos"]:
+def check_attention_mask(mask: Tensor, batch: int, pos: int) -> Bool[Tensor, "batch pos"]:
+    """``mask`` as booleans, refused unless it is ``[batch, pos]`` with one contiguous run of real
+    tokens per row (left or right padding)."""
     if mask.shape != (batch, pos):
         raise TLGeometryError(
             f"attention_mask has shape {tuple(mask.shape)}, expected [batch, pos] = {(batch, pos)} "
@@ -280,7 +283,7 @@ def _build_layer(
             f"hook_v has {v.shape[2]} kv heads, which does not divide the pattern's {n_heads} query heads; "
             "pass hook_v and hook_pattern of the same layer and model."
         )
-    mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if mask is None else _check_mask(
+    mask = torch.ones(batch, n_k, dtype=torch.bool, device=pattern.device) if mask is None else check_attention_mask(
         mask.to(pattern.device), batch, n_k
     )
     index = _left_align_index(mask)
@@ -319,12 +322,17 @@ def is_cache(obj: Any) -> bool:
     return isinstance(obj, Mapping) or (hasattr(obj, "cache_dict") and not hasattr(obj, "run_with_hooks"))
 
 
+def _cached_layers(cache: Any) -> list[int]:
+    """The layers whose ``hook_pattern`` or ``hook_v`` the cache holds, in order."""
+    keys = list(cache.keys()) if hasattr(cache, "keys") else []
+    return sorted({int(k.split(".")[1]) for k in keys if names_filter(k) and k.split(".")[1].isdigit()})
+
+
 def describe_cache(cache: Any) -> ModelInfo:
     """The :class:`ModelInfo` of the model a cache came from: the model's own when the cache
     knows it (``ActivationCache.model``), else read from the cached shapes. Every layer
     ``0..L-1`` must hold ``hook_pattern`` and ``hook_v``."""
-    keys = list(cache.keys())
-    layers = sorted({int(k.split(".")[1]) for k in keys if names_filter(k) and k.split(".")[1].isdigit()})
+    layers = _cached_layers(cache)
     if not layers:
         raise TLGeometryError("the cache holds no blocks.{l}.attn.hook_pattern / hook_v: run "
                               "model.run_with_cache(tokens, names_filter=tlg.names_filter).")
@@ -374,9 +382,8 @@ def read_layer(
     names = hook_names(layer)
     missing = [name for name in names if name not in cache]
     if missing:
-        keys = list(cache.keys()) if hasattr(cache, "keys") else []
-        n_layers = len({k.split(".")[1] for k in keys if k.startswith("blocks.") and k.endswith("hook_pattern")})
-        hint = f" (the cache has hook_pattern for {n_layers} layers)" if n_layers else ""
+        n_layers = len(_cached_layers(cache))
+        hint = f" (the cache has hooks of {n_layers} layers)" if n_layers else ""
         raise TLGeometryError(
             f"cache lacks {', '.join(missing)}{hint}. Run model.run_with_cache(tokens, "
             "names_filter=tlg.names_filter) for the layers you need."
@@ -449,7 +456,7 @@ def stream_layers(
     chosen = _check_layers(layers, info.n_layers)
     batch, pos = tokens.shape
     if attention_mask is not None:
-        _check_mask(attention_mask, batch, pos)
+        check_attention_mask(attention_mask, batch, pos)
     has_bos = _bos_flags(tokens, attention_mask, info.bos_token_id, batch)
     pending: dict[int, dict[str, Tensor]] = {}
 
@@ -520,7 +527,7 @@ def sequence_nll(
     tokens = _check_tokens(tokens)
     kwargs: dict[str, Any] = {"return_type": "logits"}
     if attention_mask is not None:
-        _check_mask(attention_mask, *tokens.shape)
+        check_attention_mask(attention_mask, *tokens.shape)
         kwargs["attention_mask"] = attention_mask.to(tokens.device)
     logits = model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
     # float32 cross-entropy (a float64 copy of [batch, pos, vocab] logits is 4 GB for Gemma's vocabulary)

@@ -21,7 +21,15 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from .adapters import describe_cache, describe_model, hook_names, is_cache, read_layer, stream_layers
+from .adapters import (
+    check_attention_mask,
+    describe_cache,
+    describe_model,
+    hook_names,
+    is_cache,
+    read_layer,
+    stream_layers,
+)
 from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
 from .errors import TLGeometryError
@@ -191,9 +199,7 @@ def _as_tokens(model, tokens_or_texts, attention_mask):
             raise TLGeometryError(f"token ids must be integers; got a {tokens.dtype} tensor (texts? pass a list of str).")
         if attention_mask is not None:
             attention_mask = torch.as_tensor(attention_mask)
-            if attention_mask.shape != tokens.shape:
-                raise TLGeometryError(f"attention_mask has shape {tuple(attention_mask.shape)}; it must match the "
-                                      f"tokens {tuple(tokens.shape)}.")
+            check_attention_mask(attention_mask, *tokens.shape)
             empty = (~attention_mask.bool().any(1)).nonzero().flatten().tolist()
             if empty:
                 raise TLGeometryError(f"attention_mask rows {empty[:5]} have no real token: drop those sequences.")
@@ -210,16 +216,12 @@ def _cache_tokens(cache, tokens_or_texts, attention_mask) -> tuple[Tensor, Tenso
     """The token ids (or, without them, placeholders of the cached shape) and the attention mask of
     the run a cache came from; shapes checked against the cached pattern."""
     batch, _, pos, _ = cache[hook_names(0)[0]].shape
-    if tokens_or_texts is None:
-        tokens = torch.zeros(batch, pos, dtype=torch.long)  # unknown ids: every sequence is taken to start with BOS
-        if attention_mask is not None:
-            attention_mask = torch.as_tensor(attention_mask)
-    else:
-        model = getattr(cache, "model", None)
-        tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
-    if tuple(tokens.shape) != (batch, pos) or (attention_mask is not None and tuple(attention_mask.shape) != (batch, pos)):
-        raise TLGeometryError(f"the cache holds {batch} sequences of {pos} positions, but the tokens or attention_mask "
-                              f"have shape {tuple(tokens.shape)}: pass those the cache was computed from.")
+    if tokens_or_texts is None:  # unknown ids: every sequence is taken to start with BOS
+        tokens_or_texts = torch.zeros(batch, pos, dtype=torch.long)
+    tokens, attention_mask = _as_tokens(getattr(cache, "model", None), tokens_or_texts, attention_mask)
+    if tuple(tokens.shape) != (batch, pos):
+        raise TLGeometryError(f"the cache holds {batch} sequences of {pos} positions, but the tokens have shape "
+                              f"{tuple(tokens.shape)}: pass those the cache was computed from.")
     return tokens, attention_mask
 
 
