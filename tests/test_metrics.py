@@ -10,7 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tl_geometry import metrics, separability_fused
+from tl_geometry import metrics, query_rows
 from tl_geometry.metrics import inversion_bounds, random_separability, separability, top_order
 
 from .inputs import random_attention
@@ -79,7 +79,7 @@ def test_chunking_over_queries_changes_nothing():
 def test_fused_gram_blocks_change_nothing(monkeypatch, gram_bytes):
     pattern, v, mask = random_attention(3, 4, 2, 16, seed=3, lengths=[16, 9, 12])
     whole = separability(pattern, v, (1, 4, 9), key_mask=mask, query_mask=mask, backend="numba")
-    monkeypatch.setattr(separability_fused, "GRAM_BYTES", gram_bytes)
+    monkeypatch.setattr(query_rows, "GRAM_BYTES", gram_bytes)
     _assert_same(whole, separability(pattern, v, (1, 4, 9), key_mask=mask, query_mask=mask, backend="numba"))
 
 

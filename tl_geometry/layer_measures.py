@@ -209,9 +209,8 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     import numpy as np
 
     from .layer_kernel import layer_rows
-    from .query_rows import check_distribution, query_positions
+    from .query_rows import check_distribution, gram_blocks, query_positions
     from .selection import squared_value_norms
-    from .separability_fused import gram_blocks
     from .separability_kernel import numba_threads
 
     pattern = att.pattern.detach()

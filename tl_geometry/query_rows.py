@@ -32,6 +32,8 @@ __all__ = [
     "query_rows",
     "query_positions",
     "row_sum_tolerance",
+    "gram_blocks",
+    "GRAM_BYTES",
 ]
 
 # Float32 and wider: a softmax row sums to 1 within far less; 1e-3 still catches raw scores.
@@ -39,6 +41,8 @@ _ROW_SUM_TOL = 1e-3
 # Narrow dtypes: every entry carries a relative rounding error of up to eps/2, and the softmax
 # that produced them a few more; 4 eps covers both (bfloat16: 0.031, float16: 0.0039).
 _ROW_SUM_EPS = 4
+# Bytes of one block of Gram matrices V Vᵀ (fused backend, layer pass, regime fit); bounds their memory.
+GRAM_BYTES = 1 << 26
 
 
 def as_n_tuple(n: int | Sequence[int]) -> tuple[int, ...]:
@@ -321,3 +325,15 @@ def prepare_separability(pattern, v, ns: tuple[int, ...], *, distance, ranking, 
         raise TLGeometryError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
     return SeparabilityJob(pattern, v, tuple(sorted(set(ns))), distance, ranking, qpos, all_rows, exclude_sink,
                            key_mask, query_mask, dtype)
+
+
+def gram_blocks(batch: int, kv: int, gram_bytes: int) -> list[tuple[slice, slice]]:
+    """(batch, kv head) blocks whose Gram matrices (``gram_bytes`` per kv head) fit ``GRAM_BYTES``;
+    one (sequence, kv head) at least: never more than one head's attention pattern."""
+    per_sequence = kv * gram_bytes
+    if per_sequence * batch <= GRAM_BYTES:
+        return [(slice(0, batch), slice(0, kv))]
+    if per_sequence <= GRAM_BYTES:
+        step = GRAM_BYTES // per_sequence
+        return [(slice(lo, min(lo + step, batch)), slice(0, kv)) for lo in range(0, batch, step)]
+    return [(slice(b, b + 1), slice(h, h + 1)) for b in range(batch) for h in range(kv)]

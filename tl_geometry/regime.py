@@ -146,7 +146,7 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
         from .layer_kernel import pair_cosine_statistics
     except ImportError:
         return None
-    from .separability_fused import gram_blocks
+    from .query_rows import gram_blocks
 
     batch, n_kv, n_k, _ = values.shape
     newest = torch.zeros(batch, n_kv, n_k, dtype=values.dtype)

@@ -11,28 +11,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .query_rows import MetricFields, SeparabilityJob, check_distribution, gather_rows
+from .query_rows import MetricFields, SeparabilityJob, check_distribution, gather_rows, gram_blocks
 from .separability_kernel import numba_threads, separability_rows, squared_norms
 
-__all__ = ["separability_fused", "gram_blocks", "GRAM_BYTES"]
+__all__ = ["separability_fused"]
 
 _METRIC_FIELDS = ("precision", "recall", "f", "margin", "inversions")
-# Bytes of one block of Gram matrices; bounds the backend's extra memory.
-GRAM_BYTES = 1 << 26
 # Row elements (rows × keys) below which the kernel runs on one thread.
 _PARALLEL_ELEMENTS = 1 << 17
-
-
-def gram_blocks(batch: int, kv: int, gram_bytes: int) -> list[tuple[slice, slice]]:
-    """(batch, kv head) blocks whose Gram matrices (``gram_bytes`` per kv head) fit ``GRAM_BYTES``;
-    one (sequence, kv head) at least: never more than one head's attention pattern."""
-    per_sequence = kv * gram_bytes
-    if per_sequence * batch <= GRAM_BYTES:
-        return [(slice(0, batch), slice(0, kv))]
-    if per_sequence <= GRAM_BYTES:
-        step = GRAM_BYTES // per_sequence
-        return [(slice(lo, min(lo + step, batch)), slice(0, kv)) for lo in range(0, batch, step)]
-    return [(slice(b, b + 1), slice(h, h + 1)) for b in range(batch) for h in range(kv)]
 
 
 def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) -> MetricFields:
@@ -71,7 +57,7 @@ def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) 
 
 def _fused_blocks(rows, scores, mode, qpos, q_valid, key_mask, values, value_sq, ns_array, exclude_sink, distance,
                   group, use_gram, gram_cache, dtype, out, sink, stats):
-    """The kernel over (batch, kv head) blocks whose Gram matrices fit ``GRAM_BYTES``."""
+    """The kernel over (batch, kv head) blocks whose Gram matrices fit ``query_rows.GRAM_BYTES``."""
     batch, kv, k_hi = values.shape[0], values.shape[1], values.shape[2]
     for b_sl, kv_sl in gram_blocks(batch, kv, k_hi * k_hi * values.element_size() if use_gram else 0):
         h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
