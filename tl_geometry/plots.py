@@ -114,13 +114,24 @@ def grid_figure(values: torch.Tensor, hover: list[list[str]], *, title: str, col
     return fig
 
 
-def _n_control(fig: go.Figure, ns: tuple[int, ...], grids: list[list], hovers: list[list], active: int) -> None:
-    """Buttons that switch the heatmap (trace 0) between N values."""
-    buttons = [{"label": f"N={n}", "method": "restyle", "args": [{"z": [grid], "text": [hover]}, [0]]}
-               for n, grid, hover in zip(ns, grids, hovers, strict=True)]
-    fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "active": active, "buttons": buttons,
+def _per_n_map(values: torch.Tensor, ns: tuple[int, ...], at: int, hovers: list[list[list[str]]], *, title: str,
+               colorbar: str, diverging: bool) -> go.Figure:
+    """A heatmap of ``values`` ``[layer, head, n]`` opening at the ``at``-th N, with one button per N
+    (``hovers[i]`` the hover text at the i-th) and one colour range for every N, so the buttons
+    compare like with like."""
+    fig = grid_figure(values[..., at], hovers[at], title=title, colorbar=colorbar, diverging=diverging)
+    if diverging:
+        bound = float(values.abs().nan_to_num(0).max()) or 1.0
+        fig.update_traces(zmin=-bound, zmax=bound, selector={"type": "heatmap"})
+    else:
+        fig.update_traces(zmin=float(values.nan_to_num(float("inf")).min()),
+                          zmax=float(values.nan_to_num(float("-inf")).max()), selector={"type": "heatmap"})
+    buttons = [{"label": f"N={n}", "method": "restyle", "args": [{"z": [_grid(values[..., i])], "text": [hovers[i]]}, [0]]}
+               for i, n in enumerate(ns)]
+    fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "active": at, "buttons": buttons,
                                     "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom", "showactive": True}],
                       margin={"t": 110})
+    return fig
 
 
 def head_map(res: Analysis, color: str = "regime", n: int | None = None,
@@ -150,17 +161,8 @@ def head_map(res: Analysis, color: str = "regime", n: int | None = None,
         return grid_figure(values, _head_hover(res, n_at, delta_nll), title=color, colorbar=color, diverging=diverging)
     if values.ndim != 3:
         raise TLGeometryError(f"{color!r} is not a per-head metric (shape {tuple(values.shape)}).")
-    fig = grid_figure(values[..., n_at], _head_hover(res, n_at, delta_nll), title=f"{color} per head", colorbar=color,
-                      diverging=diverging)
-    if diverging:  # one colour range for every N, so the buttons compare like with like
-        bound = float(values.abs().nan_to_num(0).max()) or 1.0
-        fig.update_traces(zmin=-bound, zmax=bound, selector={"type": "heatmap"})
-    else:
-        fig.update_traces(zmin=float(values.nan_to_num(float("inf")).min()),
-                          zmax=float(values.nan_to_num(float("-inf")).max()), selector={"type": "heatmap"})
-    _n_control(fig, ns, [_grid(values[..., i]) for i in range(len(ns))],
-               [_head_hover(res, i, delta_nll) for i in range(len(ns))], n_at)
-    return fig
+    return _per_n_map(values, ns, n_at, [_head_hover(res, i, delta_nll) for i in range(len(ns))],
+                      title=f"{color} per head", colorbar=color, diverging=diverging)
 
 
 def _model_series(per_sequence: torch.Tensor, heads_mask: torch.Tensor | None = None):
@@ -287,10 +289,7 @@ def comparison_figures(comparison: Comparison) -> list[tuple[str, go.Figure]]:
         title = f"Δ {key} ({b_name} − {a_name})"
         if delta.ndim == 3:
             at = c.n.index(next((n for n in c.n if n > 1), c.n[0]))
-            fig = grid_figure(delta[..., at], hover, title=title, colorbar="Δ", diverging=True)
-            bound = float(delta.abs().nan_to_num(0).max()) or 1.0
-            fig.update_traces(zmin=-bound, zmax=bound, selector={"type": "heatmap"})
-            _n_control(fig, c.n, [_grid(delta[..., i]) for i in range(len(c.n))], [hover] * len(c.n), at)
+            fig = _per_n_map(delta, c.n, at, [hover] * len(c.n), title=title, colorbar="Δ", diverging=True)
         else:
             fig = grid_figure(delta, hover, title=title, colorbar="Δ", diverging=True)
         figures.append((title, fig))
