@@ -80,25 +80,29 @@ def _sample(cand, n_cand, m, key, h, t, r, top_idx):
 
 
 @numba.njit(cache=True, nogil=True)
-def _random_select(rows, b, h, t, key_mask, exclude_sink, max_n, key, r, alpha, excluded, cand, top_idx):
-    """:func:`_select` for a uniformly random ranking (see :func:`_sample`); returns the candidates' number."""
-    for k in range(t + 1):
-        candidate = key_mask[b, k] and not (exclude_sink and k == 0)
-        alpha[k] = float(rows[b, h, t, k]) if candidate else 0.0
-        excluded[k] = 0.0 if candidate else math.inf
-    return _random_order(key_mask, b, h, t, exclude_sink, max_n, key, r, cand, top_idx)
-
-
-@numba.njit(cache=True, nogil=True)
-def _random_order(key_mask, b, h, t, exclude_sink, max_n, key, r, cand, top_idx):
-    """The candidates of row ``t`` into ``cand``, then :func:`_sample`; returns their number."""
+def _candidates(key_mask, b, t, exclude_sink, cand):
+    """The candidate sources of row ``t`` in increasing position into ``cand``; returns their number."""
     n_cand = 0
     for k in range(t + 1):
         if key_mask[b, k] and not (exclude_sink and k == 0):
             cand[n_cand] = k
             n_cand += 1
+    return n_cand
+
+
+@numba.njit(cache=True, nogil=True)
+def _random_order(key_mask, b, h, t, exclude_sink, max_n, key, r, cand, top_idx):
+    """The candidates of row ``t`` into ``cand``, then :func:`_sample`; returns their number."""
+    n_cand = _candidates(key_mask, b, t, exclude_sink, cand)
     _sample(cand, n_cand, min(max_n, n_cand), key, h, t, r, top_idx)
     return n_cand
+
+
+@numba.njit(cache=True, nogil=True)
+def _unselect(excluded, top_idx, m):
+    """After a variant: its selected sources (candidates all) back to ``excluded = 0``."""
+    for rank in range(m):
+        excluded[top_idx[rank]] = 0.0
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -120,6 +124,45 @@ def random_top_orders(keys, key_mask, qpos, qvalid, n_heads, repeats, max_n, exc
                 n_cand = _random_order(key_mask, b, h, t, exclude_sink, max_n, keys[b], r, cand, top_idx)
                 for rank in range(min(max_n, n_cand)):
                     out[r, b, h, qi, rank] = top_idx[rank]
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+def _visible_mass(row, key_mask, t):
+    """Mass of row ``t`` on the visible keys ``0..t`` (float64, for the distribution check)."""
+    mass = 0.0
+    for k in range(t + 1):
+        mass += float(row[k]) if key_mask[k] else 0.0
+    return mass
+
+
+_LANES = 16
+
+
+@numba.njit(cache=True, nogil=True)
+def _winner(row, key_mask, norms, t, lanes):
+    """The winner source ``argmax_{k ≤ t visible} α_k‖v_k‖`` of row ``t`` (scores in the
+    pattern's dtype, ties to the lower position; -1 without a visible key). The best score comes
+    from 16 running maxima in ``lanes`` (the pattern's dtype): one running maximum is a serial
+    chain that LLVM does not vectorise, 16 are, and a maximum is exact in any order; then the
+    first key that reaches it."""
+    lanes[:] = -np.inf
+    n = t + 1
+    n_w = n - n % _LANES
+    for k0 in range(0, n_w, _LANES):
+        for e in range(_LANES):
+            k = k0 + e
+            score = row[k] * norms[k] if key_mask[k] else lanes[e]
+            lanes[e] = score if score > lanes[e] else lanes[e]
+    best_score = -math.inf
+    for k in range(n_w, n):
+        if key_mask[k]:
+            best_score = max(best_score, float(row[k] * norms[k]))
+    for e in range(_LANES):
+        best_score = max(best_score, float(lanes[e]))
+    for k in range(n):
+        if key_mask[k] and float(row[k] * norms[k]) == best_score:
+            return k
+    return -1
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -152,11 +195,16 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         y_size = np.zeros(n_k)
         proj = np.zeros(n_k)
         dist = np.zeros(n_k)
+        near = np.zeros(n_k)
+        lanes = np.zeros(8)
+        score_lanes = np.zeros(_LANES, dtype=rows.dtype)
         agg = np.zeros(d)
-        top_idx = np.zeros(max_n, dtype=np.int64)
-        top_score = np.zeros(max_n)
+        top_idx = np.zeros(max_n + 1, dtype=np.int64)
+        top_score = np.zeros(max_n + 1)
+        sub_idx = np.zeros(max_n, dtype=np.int64)
         u_val = np.zeros(max_n)
         cand = np.zeros(n_k, dtype=np.int64)
+        cand_base = np.zeros(n_k, dtype=np.int64)
         nan_out = np.zeros(ns.shape[0])
         nan_int = np.zeros(ns.shape[0])
         nan_bool = np.zeros(ns.shape[0], dtype=np.bool_)
@@ -168,21 +216,9 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         lo, hi = (0, n_q) if (geometry_all or taxonomy_all) else (last[b], last[b] + 1)
         for t in range(lo, hi):
             row_sum[b, h, t], negatives[b, h, t] = _row_sum_and_negatives(rows[b, h, t])
+            visible_sum[b, h, t] = _visible_mass(rows[b, h, t], key_mask[b], t)
+            best = _winner(rows[b, h, t], key_mask[b], value_norm[b, kv], t, score_lanes)
             valid = query_mask[b, t]
-            # The winner source and the visible mass, in one sweep of the visible keys.
-            best = -1
-            best_score = -np.inf
-            mass = 0.0
-            for k in range(t + 1):
-                if not key_mask[b, k]:
-                    continue
-                a = rows[b, h, t, k]
-                mass += float(a)
-                score = a * value_norm[b, kv, k]
-                if best < 0 or score > best_score:
-                    best = k
-                    best_score = score
-            visible_sum[b, h, t] = mass
             if not valid:
                 continue
             if (taxonomy_all or t == last[b]) and t > 0 and best >= 0:
@@ -196,9 +232,10 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             if not (geometry_all or t == last[b]):
                 continue
             qi = t if geometry_all else 0
-            # Variant TOP: the ranking's own top-N sets, every output.
-            n_cand, _ = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
-                                exclude_sink, max_n, alpha, excluded, top_idx, top_score)
+            # Variant TOP: the ranking's own top-N sets, every output. The selection keeps one
+            # source more than max N: without the sink it is NOSINK's selection.
+            n_cand, filled = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
+                                     exclude_sink, max_n + 1, alpha, excluded, top_idx, top_score)
             if want_sink:
                 sink_mass[b, h, qi] = float(rows[b, h, t, 0]) if key_mask[b, 0] else 0.0
                 # sources ranked before the sink (all visible keys compete, sink ties win)
@@ -216,26 +253,44 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                     ahead += 1 if s > s0 else 0
                 sink_rank[b, h, qi] = ahead
             _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                      precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
                      sink[b, h, qi], want_sink, align_sink[b, h, qi], align_current[b, h, qi],
                      want_bounds, g, slack_scale, bound_p[b, h, qi], bound_r[b, h, qi])
-            if want_sink:  # Variant NOSINK: key 0 removed from the candidates, F only
-                n_cand, _ = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
-                                    True, max_n, alpha, excluded, top_idx, top_score)
+            _unselect(excluded, top_idx, min(filled, max_n))
+            if want_sink and exclude_sink:  # the sink is no candidate already: NOSINK is TOP
+                for j in range(ns.shape[0]):
+                    f_nosink[b, h, qi, j] = f[b, h, qi, j]
+            elif want_sink:  # Variant NOSINK: key 0 removed from the candidates, F only
+                m = 0
+                for rank in range(filled):
+                    if top_idx[rank] != 0 and m < max_n:
+                        sub_idx[m] = top_idx[rank]
+                        m += 1
+                sink_alpha = alpha[0]
+                alpha[0] = 0.0
+                excluded[0] = math.inf
+                n_nosink = n_cand - 1 if key_mask[b, 0] else n_cand
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
+                         alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, near, lanes, agg, u_val,
                          nosink_p, nosink_r, f_nosink[b, h, qi], nan_out, nan_int, nan_bool,
                          False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
-            for r in range(n_random):  # Variant RANDOM: P, R, F summed over the repeats
-                n_cand = _random_select(rows, b, h, t, key_mask, exclude_sink, max_n, random_keys[b], r,
-                                        alpha, excluded, cand, top_idx)
+                _unselect(excluded, sub_idx, m)
+                alpha[0] = sink_alpha
+                excluded[0] = 0.0 if key_mask[b, 0] else math.inf
+            # Variant RANDOM: P, R, F summed over the repeats; the candidates listed once per row.
+            n_random_cand = _candidates(key_mask, b, t, exclude_sink, cand_base) if n_random else 0
+            m = min(max_n, n_random_cand)
+            for r in range(n_random):
+                cand[:n_random_cand] = cand_base[:n_random_cand]
+                _sample(cand, n_random_cand, m, random_keys[b], h, t, r, sub_idx)
                 for j in range(ns.shape[0]):
                     rand_p[j] = np.nan
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
+                         alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, near, lanes, agg, u_val,
                          rand_p, rand_r, rand_f, nan_out, nan_int, nan_bool,
                          False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
+                _unselect(excluded, sub_idx, m)
                 for j in range(ns.shape[0]):
                     if not np.isnan(rand_p[j]):
                         random_sum[0, b, h, qi, j] += rand_p[j]

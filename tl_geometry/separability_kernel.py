@@ -114,6 +114,43 @@ def _count_at_most(x, n, bound):
     return count
 
 
+@numba.njit(cache=True, nogil=True)
+def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, dist):
+    """``dist[k]`` for every ``k < n`` (``+inf`` where excluded); elementwise, so LLVM vectorises it."""
+    for k in range(n):
+        dist[k] = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
+
+
+@numba.njit(cache=True, nogil=True)
+def _minimum(x, n, lanes):
+    """``min(x[:n])`` (+inf when n = 0) over eight running minima in ``lanes`` (8 entries): one
+    running minimum is a serial chain that LLVM does not vectorise, eight are (measured 3× faster
+    on 256 keys); the minimum is exact in any order."""
+    lanes[:] = math.inf
+    n8 = n - n % 8
+    for k in range(0, n8, 8):
+        for e in range(8):
+            value = x[k + e]
+            lanes[e] = value if value < lanes[e] else lanes[e]
+    low = math.inf
+    for k in range(n8, n):
+        low = min(low, x[k])
+    for e in range(8):
+        low = min(low, lanes[e])
+    return low
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_at_most(x, n, bound, out):
+    """The entries ``x[k] ≤ bound`` (k < n) into ``out``; returns their number."""
+    count = 0
+    for k in range(n):
+        if x[k] <= bound:
+            out[count] = x[k]
+            count += 1
+    return count
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
 def _row_sum_and_negatives(row):
     """Sum (float64; NaN and inf propagate) and number of negative entries of one pattern row."""
@@ -128,7 +165,7 @@ def _row_sum_and_negatives(row):
 
 @numba.njit(cache=True, nogil=True)
 def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, full,
-             alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
+             alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
              out_p, out_r, out_f, out_margin, out_inv, out_sink,
              want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r):
     """All N of one row's selection (``top_idx``; ``alpha``/``excluded`` from the selection): the
@@ -178,24 +215,27 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
             for k in range(t + 1):
                 proj[k] = _dot(values[b, kv, k], agg)
         agg_norm = math.sqrt(max(agg_sq, 0.0))
-        rho_min = math.inf
-        for k in range(t + 1):
-            value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
-            dist[k] = value
-            rho_min = min(rho_min, value)
+        _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, t + 1, dist)
+        rho_min = _minimum(dist, t + 1, lanes)
         rho_max = -math.inf
         inside = 0
-        ginv = 0
         for rank in range(n):
             i = top_idx[rank]
             value = _distance(euclidean, y_size[i], alpha[i], proj[i], agg_sq, agg_norm)
             if euclidean and n == 1:  # the selected point is the aggregate: D = 0 exactly
                 value = -agg_sq
+            u_val[rank] = value  # D_i (u_val is free until the certificates)
             rho_max = max(rho_max, value)
             inside += 1 if value < rho_min else 0
-            if full:
-                ginv += _count_at_most(dist, t + 1, value)
-        outside = _count_at_most(dist, t + 1, rho_max)
+        ginv = 0
+        if full:
+            # Σ_{i∈S} #{j: D_j ≤ D_i} counts only keys with D_j ≤ ρ_max (the outside ones):
+            # gather those once, then count against each D_i over that short list.
+            outside = _gather_at_most(dist, t + 1, rho_max, near)
+            for rank in range(n):
+                ginv += _count_at_most(near, outside, u_val[rank])
+        else:
+            outside = _count_at_most(dist, t + 1, rho_max)
         p = n / (n + outside)
         rc = inside / n
         out_p[j] = p
@@ -247,9 +287,7 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
                 a = alpha[0]
                 spread = a + total + w0
                 dist[0] = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total) - slack * spread * spread
-            l_min = math.inf
-            for k in range(t + 1):
-                l_min = min(l_min, dist[k])
+            l_min = _minimum(dist, t + 1, lanes)
             outside_b = _count_at_most(dist, t + 1, u_max)
             inside_b = 0
             for rank in range(n):
@@ -288,6 +326,8 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
         top_idx = np.zeros(max_n, dtype=np.int64)
         top_score = np.zeros(max_n)
         dist = np.zeros(n_k)
+        near = np.zeros(n_k)
+        lanes = np.zeros(8)
         agg = np.zeros(d)
         u_val = np.zeros(max_n)
         unused = np.zeros(ns.shape[0])
@@ -325,6 +365,6 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
             if not qvalid[b, qi]:
                 continue
             _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, agg, u_val,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                      precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
                      sink[b, h, qi], False, unused, unused, False, no_bounds, 0.0, unused, unused)
