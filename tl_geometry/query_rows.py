@@ -85,12 +85,14 @@ def check_inputs(pattern: Tensor, v: Tensor) -> None:
         raise TLGeometryError(f"v has {v.shape[2]} kv heads, which does not divide pattern's {heads} heads.")
 
 
-def check_values(v: Tensor, key_mask: Tensor) -> None:
-    """Value vectors of real keys must be finite (NaN or inf would give meaningless distances)."""
+def check_values(v: Tensor, key_mask: Tensor) -> bool:
+    """Value vectors of real keys must be finite (NaN or inf would give meaningless distances).
+    Returns whether every value, pads included, is finite."""
     finite = torch.isfinite(v).flatten(2).all(-1)  # [batch, key]
     if bool((~finite & key_mask.to(finite.device)).any()):
         raise TLGeometryError("v contains NaN or infinite values at real keys: check the model run (dtype overflow?) "
-                         "or mask those positions as pads.")
+                              "or mask those positions as pads.")
+    return bool(finite.all())
 
 
 def row_sum_tolerance(dtype: torch.dtype) -> float:

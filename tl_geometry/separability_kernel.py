@@ -227,15 +227,17 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
             u_val[rank] = value  # D_i (u_val is free until the certificates)
             rho_max = max(rho_max, value)
             inside += 1 if value < rho_min else 0
+        outside = _count_at_most(dist, t + 1, rho_max)
         ginv = 0
-        if full:
-            # Σ_{i∈S} #{j: D_j ≤ D_i} counts only keys with D_j ≤ ρ_max (the outside ones):
-            # gather those once, then count against each D_i over that short list.
-            outside = _gather_at_most(dist, t + 1, rho_max, near)
+        if full and n >= 8 and 4 * outside <= t + 1:
+            # Σ_{i∈S} #{j: D_j ≤ D_i} counts only keys with D_j ≤ ρ_max (the outside ones): for
+            # a large N with few of them, gather those once and count over that short list.
+            _gather_at_most(dist, t + 1, rho_max, near)
             for rank in range(n):
                 ginv += _count_at_most(near, outside, u_val[rank])
-        else:
-            outside = _count_at_most(dist, t + 1, rho_max)
+        elif full:
+            for rank in range(n):
+                ginv += _count_at_most(dist, t + 1, u_val[rank])
         p = n / (n + outside)
         rc = inside / n
         out_p[j] = p
