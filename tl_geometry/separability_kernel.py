@@ -115,10 +115,15 @@ def _count_at_most(x, n, bound):
 
 
 @numba.njit(cache=True, nogil=True)
-def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, dist):
-    """``dist[k]`` for every ``k < n`` (``+inf`` where excluded); elementwise, so LLVM vectorises it."""
+def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bound, dist):
+    """``dist[k]`` for every ``k < n`` (``+inf`` where excluded); returns #{k: dist[k] ≤ bound}.
+    Elementwise with an integer sum, so LLVM vectorises it."""
+    count = 0
     for k in range(n):
-        dist[k] = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
+        value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
+        dist[k] = value
+        count += 1 if value <= bound else 0
+    return count
 
 
 @numba.njit(cache=True, nogil=True)
@@ -215,10 +220,7 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
             for k in range(t + 1):
                 proj[k] = _dot(values[b, kv, k], agg)
         agg_norm = math.sqrt(max(agg_sq, 0.0))
-        _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, t + 1, dist)
-        rho_min = _minimum(dist, t + 1, lanes)
         rho_max = -math.inf
-        inside = 0
         for rank in range(n):
             i = top_idx[rank]
             value = _distance(euclidean, y_size[i], alpha[i], proj[i], agg_sq, agg_norm)
@@ -226,18 +228,23 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
                 value = -agg_sq
             u_val[rank] = value  # D_i (u_val is free until the certificates)
             rho_max = max(rho_max, value)
-            inside += 1 if value < rho_min else 0
-        outside = _count_at_most(dist, t + 1, rho_max)
+        outside = _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, t + 1, rho_max, dist)
+        rho_min = _minimum(dist, t + 1, lanes)
+        inside = 0
+        for rank in range(n):
+            inside += 1 if u_val[rank] < rho_min else 0
         ginv = 0
         if full and n >= 8 and 4 * outside <= t + 1:
             # Σ_{i∈S} #{j: D_j ≤ D_i} counts only keys with D_j ≤ ρ_max (the outside ones): for
             # a large N with few of them, gather those once and count over that short list.
             _gather_at_most(dist, t + 1, rho_max, near)
             for rank in range(n):
-                ginv += _count_at_most(near, outside, u_val[rank])
+                if u_val[rank] >= rho_min:  # below ρ_min no key counts
+                    ginv += _count_at_most(near, outside, u_val[rank])
         elif full:
             for rank in range(n):
-                ginv += _count_at_most(dist, t + 1, u_val[rank])
+                if u_val[rank] >= rho_min:
+                    ginv += _count_at_most(dist, t + 1, u_val[rank])
         p = n / (n + outside)
         rc = inside / n
         out_p[j] = p
