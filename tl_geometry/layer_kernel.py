@@ -244,7 +244,16 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             # source more than max N: without the sink it is NOSINK's selection.
             n_cand, filled = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
                                      exclude_sink, max_n + 1, alpha, excluded, top_idx, top_score)
-            if want_sink:
+            listed = -1  # the sink's place in TOP's list, where it is a listed candidate
+            for rank in range(filled if not exclude_sink else 0):
+                if top_idx[rank] == 0:
+                    listed = rank
+            if want_sink and listed >= 0:
+                sink_mass[b, h, qi] = float(rows[b, h, t, 0])
+                # the list is ordered by score, ties to the lower position: those before the sink
+                # are exactly the sources that outrank it
+                sink_rank[b, h, qi] = listed
+            elif want_sink:
                 sink_mass[b, h, qi] = float(rows[b, h, t, 0]) if key_mask[b, 0] else 0.0
                 # sources ranked before the sink (all visible keys compete, sink ties win)
                 s0 = -math.inf
@@ -260,16 +269,19 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                     s = a if ranking_mode == 0 else a * math.sqrt(value_sq[b, kv, k])
                     ahead += 1 if s > s0 else 0
                 sink_rank[b, h, qi] = ahead
+            # The sink an unselected candidate at every N: NOSINK has TOP's sets, and TOP's pass
+            # gives its F too.
+            nosink_in_top = want_sink and not exclude_sink and key_mask[b, 0] and not 0 <= listed < max_n
             _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
                      alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                      precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
                      sink[b, h, qi], want_sink, align_sink[b, h, qi], align_current[b, h, qi],
-                     want_bounds, g, slack_scale, bound_p[b, h, qi], bound_r[b, h, qi])
+                     want_bounds, g, slack_scale, bound_p[b, h, qi], bound_r[b, h, qi], nosink_in_top, f_nosink[b, h, qi])
             _unselect(excluded, top_idx, min(filled, max_n))
-            if want_sink and exclude_sink:  # the sink is no candidate already: NOSINK is TOP
+            if want_sink and (exclude_sink or not key_mask[b, 0]):  # the sink is no candidate: NOSINK is TOP
                 for j in range(ns.shape[0]):
                     f_nosink[b, h, qi, j] = f[b, h, qi, j]
-            elif want_sink:  # Variant NOSINK: key 0 removed from the candidates, F only
+            elif want_sink and not nosink_in_top:  # Variant NOSINK: key 0 removed from the candidates, F only
                 m = 0
                 for rank in range(filled):
                     if top_idx[rank] != 0 and m < max_n:
@@ -282,7 +294,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
                          alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, near, lanes, agg, u_val,
                          nosink_p, nosink_r, f_nosink[b, h, qi], nan_out, nan_int, nan_bool,
-                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
+                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out, False, nan_out)
                 _unselect(excluded, sub_idx, m)
                 alpha[0] = sink_alpha
                 excluded[0] = 0.0 if key_mask[b, 0] else math.inf
@@ -297,7 +309,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
                          alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, near, lanes, agg, u_val,
                          rand_p, rand_r, rand_f, nan_out, nan_int, nan_bool,
-                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out)
+                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out, False, nan_out)
                 _unselect(excluded, sub_idx, m)
                 for j in range(ns.shape[0]):
                     if not np.isnan(rand_p[j]):

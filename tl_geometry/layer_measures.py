@@ -122,7 +122,8 @@ def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: B
                 pass
     if random is not None and random.repeats == 0:
         random = None
-    if not check_values(att.kv_values, att.key_mask):  # only at pads, which take no part
+    # The fused pass checks the values from their squared norms (see _measure_fused).
+    if backend == "torch" and not check_values(att.kv_values, att.key_mask):  # only at pads, which take no part
         att = replace(att, kv_values=torch.where(torch.isfinite(att.kv_values), att.kv_values, 0.0))
     measure = _measure_fused if backend == "fused" else _measure_torch
     out = measure(att, config, random)
@@ -231,6 +232,11 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     n_out = len(ns)
 
     value_sq = squared_value_norms(values)
+    # ‖v‖² in float64 is finite where v is (a float32 square cannot overflow it): only otherwise
+    # check every value (real keys refused) and zero the pads', which take no part.
+    if not bool(torch.isfinite(value_sq).all()) and not check_values(att.kv_values, att.key_mask):
+        values = torch.where(torch.isfinite(values), values, 0.0)
+        value_sq = squared_value_norms(values)
     value_norm = values.norm(dim=-1)  # the taxonomy's ‖v‖, as winner_sources computes it
     want_bounds = config.sink and config.distance == "euclidean"
     per_kv: dict[str, Tensor] = {}

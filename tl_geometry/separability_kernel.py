@@ -172,12 +172,15 @@ def _row_sum_and_negatives(row):
 def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, full,
              alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
              out_p, out_r, out_f, out_margin, out_inv, out_sink,
-             want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r):
+             want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r,
+             want_nosink, nosink_f):
     """All N of one row's selection (``top_idx``; ``alpha``/``excluded`` from the selection): the
     metric core that ``separability_rows`` and the analysis' ``layer_kernel`` share. ``full``:
     margin, inversions, sink flag and (when asked) the alignments ``cos(s_N, v_0)``, ``cos(s_N, v_t)``
     and the Theorem 1 certificates from the Gram bounds ``g[:, b, kv, t]``; otherwise P, R, F only.
-    Outputs indexed ``[j]`` per N (``ns`` distinct, increasing)."""
+    Outputs indexed ``[j]`` per N (``ns`` distinct, increasing). ``want_nosink`` (key 0 an
+    unselected candidate at every N): also F with key 0 dropped from the candidates, into
+    ``nosink_f``: the same sets, so only ρ_min, the outside count and the candidates change."""
     d = values.shape[3]
     for k in range(t + 1):
         proj[k] = 0.0
@@ -229,10 +232,18 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
             u_val[rank] = value  # D_i (u_val is free until the certificates)
             rho_max = max(rho_max, value)
         outside = _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, t + 1, rho_max, dist)
-        rho_min = _minimum(dist, t + 1, lanes)
+        rho_rest = _minimum(dist[1:], t, lanes)  # ρ_min over keys 1..t, then with key 0
+        rho_min = min(dist[0], rho_rest)
         inside = 0
         for rank in range(n):
             inside += 1 if u_val[rank] < rho_min else 0
+        if want_nosink and n < n_cand - 1:
+            inside_ns = 0
+            for rank in range(n):
+                inside_ns += 1 if u_val[rank] < rho_rest else 0
+            p_ns = n / (n + outside - (1 if dist[0] <= rho_max else 0))
+            r_ns = inside_ns / n
+            nosink_f[j] = 2 * p_ns * r_ns / (p_ns + r_ns) if r_ns > 0 else 0.0
         ginv = 0
         if full and n >= 8 and 4 * outside <= t + 1:
             # Σ_{i∈S} #{j: D_j ≤ D_i} counts only keys with D_j ≤ ρ_max (the outside ones): for
@@ -376,4 +387,4 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
             _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
                      alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                      precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
-                     sink[b, h, qi], False, unused, unused, False, no_bounds, 0.0, unused, unused)
+                     sink[b, h, qi], False, unused, unused, False, no_bounds, 0.0, unused, unused, False, unused)
