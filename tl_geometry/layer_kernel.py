@@ -202,7 +202,6 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         y_size = np.zeros(n_k)
         proj = np.zeros(n_k)
         dist = np.zeros(n_k)
-        near = np.zeros(n_k)
         lanes = np.zeros(8)
         score_lanes = np.zeros(_LANES, dtype=rows.dtype)
         agg = np.zeros(d)
@@ -273,7 +272,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             # gives its F too.
             nosink_in_top = want_sink and not exclude_sink and key_mask[b, 0] and not 0 <= listed < max_n
             _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, lanes, agg, u_val,
                      precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
                      sink[b, h, qi], want_sink, align_sink[b, h, qi], align_current[b, h, qi],
                      want_bounds, g, slack_scale, bound_p[b, h, qi], bound_r[b, h, qi], nosink_in_top, f_nosink[b, h, qi])
@@ -292,7 +291,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 excluded[0] = math.inf
                 n_nosink = n_cand - 1 if key_mask[b, 0] else n_cand
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, near, lanes, agg, u_val,
+                         alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, lanes, agg, u_val,
                          nosink_p, nosink_r, f_nosink[b, h, qi], nan_out, nan_int, nan_bool,
                          False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out, False, nan_out)
                 _unselect(excluded, sub_idx, m)
@@ -307,7 +306,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 for j in range(ns.shape[0]):
                     rand_p[j] = np.nan
                 _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, near, lanes, agg, u_val,
+                         alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, lanes, agg, u_val,
                          rand_p, rand_r, rand_f, nan_out, nan_int, nan_bool,
                          False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out, False, nan_out)
                 _unselect(excluded, sub_idx, m)

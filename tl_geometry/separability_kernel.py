@@ -145,17 +145,6 @@ def _minimum(x, n, lanes):
     return low
 
 
-@numba.njit(cache=True, nogil=True)
-def _gather_at_most(x, n, bound, out):
-    """The entries ``x[k] ≤ bound`` (k < n) into ``out``; returns their number."""
-    count = 0
-    for k in range(n):
-        if x[k] <= bound:
-            out[count] = x[k]
-            count += 1
-    return count
-
-
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
 def _row_sum_and_negatives(row):
     """Sum (float64; NaN and inf propagate) and number of negative entries of one pattern row."""
@@ -170,7 +159,7 @@ def _row_sum_and_negatives(row):
 
 @numba.njit(cache=True, nogil=True)
 def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, full,
-             alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
+             alpha, excluded, top_idx, n_cand, proj, y_size, dist, lanes, agg, u_val,
              out_p, out_r, out_f, out_margin, out_inv, out_sink,
              want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r,
              want_nosink, nosink_f):
@@ -245,17 +234,9 @@ def _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, f
             r_ns = inside_ns / n
             nosink_f[j] = 2 * p_ns * r_ns / (p_ns + r_ns) if r_ns > 0 else 0.0
         ginv = 0
-        if full and n >= 8 and 4 * outside <= t + 1:
-            # Σ_{i∈S} #{j: D_j ≤ D_i} counts only keys with D_j ≤ ρ_max (the outside ones): for
-            # a large N with few of them, gather those once and count over that short list.
-            _gather_at_most(dist, t + 1, rho_max, near)
-            for rank in range(n):
-                if u_val[rank] >= rho_min:  # below ρ_min no key counts
-                    ginv += _count_at_most(near, outside, u_val[rank])
-        elif full:
-            for rank in range(n):
-                if u_val[rank] >= rho_min:
-                    ginv += _count_at_most(dist, t + 1, u_val[rank])
+        for rank in range(n if full else 0):
+            if u_val[rank] >= rho_min:  # below ρ_min no key counts
+                ginv += _count_at_most(dist, t + 1, u_val[rank])
         p = n / (n + outside)
         rc = inside / n
         out_p[j] = p
@@ -346,7 +327,6 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
         top_idx = np.zeros(max_n, dtype=np.int64)
         top_score = np.zeros(max_n)
         dist = np.zeros(n_k)
-        near = np.zeros(n_k)
         lanes = np.zeros(8)
         agg = np.zeros(d)
         u_val = np.zeros(max_n)
@@ -385,6 +365,6 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
             if not qvalid[b, qi]:
                 continue
             _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, lanes, agg, u_val,
                      precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
                      sink[b, h, qi], False, unused, unused, False, no_bounds, 0.0, unused, unused, False, unused)
