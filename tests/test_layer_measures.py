@@ -72,3 +72,40 @@ def test_non_finite_values_at_real_keys_are_refused(backend):
         att.kv_values[0, 3, 1, 0] = bad
         with pytest.raises(ValueError, match="v contains NaN or infinite values"):
             measure_layer(att, config, None, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_winners_equal_the_loop_oracle_with_ties_and_signed_zeros(dtype):
+    """The fused pass finds each row's winner as an integer maximum over 16-key blocks: ties
+    (several keys, in and across blocks) go to the lower position, -0.0 weighs as 0, and keys
+    with zero values score 0 (exact multiples, so every tie is exact)."""
+    from .test_taxonomy import oracle_winners
+
+    pos, batch, heads = 53, 2, 2
+    g = torch.Generator().manual_seed(3)
+    weights = torch.randint(0, 3, (batch, heads, pos, pos), generator=g).to(dtype).tril()
+    weights[..., 0] = 1  # every row has mass
+    pattern = weights / weights.sum(-1, keepdim=True)
+    pattern = torch.where((pattern == 0) & (torch.rand(pattern.shape, generator=g) < 0.5), -0.0, pattern)
+    pattern = pattern.tril()  # future keys +0: only keys 0..t are read
+    v = torch.zeros(batch, pos, 1, 4, dtype=dtype)
+    v[..., 0] = 2.0  # equal norms: the weights decide, with exact ties
+    v[:, 7::5] = 0.0  # zero values: score 0 whatever the weight
+    key_mask = torch.ones(batch, pos, dtype=torch.bool)
+    key_mask[1, 40:] = False
+    att = LayerAttention(layer=0, pattern=pattern.masked_fill(~key_mask[:, None, None, :], 0.0), kv_values=v,
+                         key_mask=key_mask, query_mask=key_mask.clone(), has_bos=torch.ones(batch, dtype=torch.bool))
+    att = LayerAttention(layer=0, pattern=att.pattern / att.pattern.sum(-1, keepdim=True), kv_values=v,
+                         key_mask=key_mask, query_mask=key_mask.clone(), has_bos=att.has_bos)
+    fused = measure_layer(att, RunConfig(n=(1,), sink=False), None, backend="fused")
+    winners = oracle_winners(att.pattern, v, key_mask)
+    votes = torch.zeros(batch, heads, 3, dtype=torch.int64)
+    offsets = torch.zeros(batch, heads, pos, dtype=torch.int64)
+    for b, h, t in torch.nonzero(winners >= 0).tolist():
+        w = int(winners[b, h, t])
+        votes[b, h, 0 if w == t else 1 if w == 0 else 2] += 1
+        offsets[b, h, t - w] += 0 if w in (0, t) else 1
+    assert torch.equal(fused.votes, votes) and torch.equal(fused.offsets, offsets)
+    scores = att.pattern * v.norm(dim=-1)[:, None, None, :, 0]
+    top = scores.max(-1, keepdim=True).values
+    assert ((scores == top).sum(-1) > 1).sum() > 100  # many rows with ties to break

@@ -128,53 +128,57 @@ def random_top_orders(keys, key_mask, qpos, qvalid, n_heads, repeats, max_n, exc
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
-def _row_sums(row, key_mask, t):
-    """Sum over keys ``0..t`` (float64; NaN and inf propagate), its number of negative entries
-    and the mass on the visible ones: the distribution checks of row ``t``, in one pass."""
+def _row_scan(row, key_mask, norms, t, scores):
+    """One pass over keys ``0..t`` of a row: its sum (float64; NaN and inf propagate), number of
+    negative entries and mass on the visible keys (the distribution checks), and the winner
+    scores ``α_k‖v_k‖`` (the pattern's dtype) into ``scores``, -1 where not visible."""
     total = 0.0
     visible = 0.0
     negatives = 0
     for k in range(t + 1):
-        a = float(row[k])
-        total += a
-        visible += a if key_mask[k] else 0.0
-        negatives += 1 if a < 0 else 0
+        a = row[k]
+        fa = float(a)
+        total += fa
+        visible += fa if key_mask[k] else 0.0
+        negatives += 1 if fa < 0 else 0
+        scores[k] = a * norms[k] if key_mask[k] else -1.0
     return total, negatives, visible
 
 
-_LANES = 16
+_BLOCK = 16
 
 
 @numba.njit(cache=True, nogil=True)
-def _winner(row, key_mask, norms, t, lanes):
-    """The winner source ``argmax_{k ≤ t visible} α_k‖v_k‖`` of row ``t`` (scores in the
-    pattern's dtype, ties to the lower position; -1 without a visible key). The best score comes
-    from 16 running maxima in ``lanes`` (the pattern's dtype): one running maximum is a serial
-    chain that LLVM does not vectorise, 16 are, and a maximum is exact in any order; then the
-    first key that reaches it."""
-    lanes[:] = -np.inf
-    n = t + 1
-    n_w = n - n % _LANES
-    for k0 in range(0, n_w, _LANES):
-        for e in range(_LANES):
-            k = k0 + e
-            score = row[k] * norms[k] if key_mask[k] else lanes[e]
-            lanes[e] = score if score > lanes[e] else lanes[e]
-    best_score = -math.inf
-    for k in range(n_w, n):
-        if key_mask[k]:
-            best_score = max(best_score, float(row[k] * norms[k]))
-    for e in range(_LANES):
-        best_score = max(best_score, float(lanes[e]))
+def _first_maximum(scores, bits, n):
+    """The first position of the largest of ``scores[:n]`` (-1 when none is ≥ 0): the winner, ties
+    to the lower position. ``bits`` is ``scores`` viewed as same-width integers: scores ≥ 0 (valid
+    rows; -0 made +0 first) order as their bit patterns do, so the maximum and the search are
+    integer loops that LLVM vectorises (a float maximum is a serial chain it does not)."""
     for k in range(n):
-        if key_mask[k] and float(row[k] * norms[k]) == best_score:
+        scores[k] = scores[k] + 0.0
+    best = -1
+    for k in range(n):
+        best = max(best, bits[k])
+    if best < 0:
+        return -1
+    n_w = n - n % _BLOCK
+    for k0 in range(0, n_w, _BLOCK):
+        hits = 0
+        for e in range(_BLOCK):
+            hits += 1 if bits[k0 + e] == best else 0
+        if hits:
+            for k in range(k0, k0 + _BLOCK):
+                if bits[k] == best:
+                    return k
+    for k in range(n_w, n):
+        if bits[k] == best:
             return k
     return -1
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
-               values, value_sq, value_norm, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean, group,
+               values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean, group,
                random_keys, n_random, want_sink, want_bounds, g, slack_scale,
                row_sum, negatives, visible_sum, votes, offsets,
                precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
@@ -182,7 +186,8 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
     """Fill every output for the rows of ``rows`` ``[batch, head, query, key]``.
 
     last ``[batch]``: the last real query; ``geometry_all`` / ``taxonomy_all``: every query (else
-    only the last) is measured / votes. Geometry outputs are ``[batch, head, q, n]`` with
+    only the last) is measured / votes. ``bits_like``: an empty integer array of the pattern's
+    width (the winner search's scratch type, see :func:`_first_maximum`). Geometry outputs are ``[batch, head, q, n]`` with
     ``q = query`` (all) or 1 (last), pre-filled with NaN / False by the caller; ``random_sum``
     ``[3, batch, head, q, n]`` sums P, R, F over ``n_random`` uniformly random rankings per row,
     drawn from ``random_keys`` ``[batch]`` (one key per window and layer, see :func:`_sample`). ``row_sum`` etc. ``[batch, head, query]`` (rows not
@@ -203,7 +208,8 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         proj = np.zeros(n_k)
         dist = np.zeros(n_k)
         lanes = np.zeros(8)
-        score_lanes = np.zeros(_LANES, dtype=rows.dtype)
+        score_bits = np.zeros(n_k, dtype=bits_like.dtype)
+        scores = score_bits.view(rows.dtype)
         agg = np.zeros(d)
         top_idx = np.zeros(max_n + 1, dtype=np.int64)
         top_score = np.zeros(max_n + 1)
@@ -223,8 +229,9 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         for t in range(lo, hi):
             # Keys 0..t only: a causal model's later entries are the softmax's exact zeros, and
             # mass there would leave these sums short of 1 (refused). Halves the bytes read.
-            row_sum[b, h, t], negatives[b, h, t], visible_sum[b, h, t] = _row_sums(rows[b, h, t], key_mask[b], t)
-            best = _winner(rows[b, h, t], key_mask[b], value_norm[b, kv], t, score_lanes)
+            row_sum[b, h, t], negatives[b, h, t], visible_sum[b, h, t] = _row_scan(
+                rows[b, h, t], key_mask[b], value_norm[b, kv], t, scores)
+            best = _first_maximum(scores, score_bits, t + 1)
             valid = query_mask[b, t]
             if not valid:
                 continue

@@ -274,6 +274,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     small = batch * heads * visited * n_k < (1 << 17)
     with numba_threads(1 if small else torch.get_num_threads()):
         ns_array = np.asarray(ns, dtype=np.int64)
+        bits_like = np.empty(0, dtype=np.int32 if dtype == torch.float32 else np.int64)
         for b_sl, kv_sl in blocks:
             h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
             block = values[b_sl, kv_sl]
@@ -292,7 +293,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
             layer_rows(
                 pattern[b_sl, h_sl].numpy(), key_mask[b_sl].numpy(), query_mask[b_sl].numpy(), last[b_sl].numpy(),
                 geometry_all, taxonomy_all, block.numpy(), value_sq[b_sl, kv_sl].numpy(),
-                value_norm[b_sl, kv_sl].numpy(), gram.numpy(), use_gram, ns_array,
+                value_norm[b_sl, kv_sl].numpy(), bits_like, gram.numpy(), use_gram, ns_array,
                 0 if config.ranking == "attention" else 1, config.exclude_sink, config.distance == "euclidean", group,
                 keys[b_sl], repeats, config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(), slack_scale,
                 row_sum[b_sl, h_sl].numpy(), negatives[b_sl, h_sl].numpy(), visible_sum[b_sl, h_sl].numpy(),
