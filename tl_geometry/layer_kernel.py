@@ -31,7 +31,7 @@ import numpy as np
 from .separability_kernel import _insert_top, _variant
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode, exclude_sink, max_n,
             alpha, excluded, top_idx, top_score):
     """Weights, candidate flags (``excluded``: 0 candidate, +inf otherwise) and the best-``max_n``
@@ -55,7 +55,7 @@ def _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode, exclude_sink, m
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _mix(z):
     """splitmix64's finaliser: a bijective scramble of 64 bits."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -63,7 +63,7 @@ def _mix(z):
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _sample(cand, n_cand, m, key, h, t, r, top_idx):
     """A uniformly random ordered sample of ``m`` of the ``n_cand`` candidates (partial
     Fisher–Yates), drawn from a counter-based stream keyed by (window and layer ``key``, head,
@@ -80,7 +80,7 @@ def _sample(cand, n_cand, m, key, h, t, r, top_idx):
         top_idx[rank] = chosen
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _candidates(key_mask, b, t, exclude_sink, cand):
     """The candidate sources of row ``t`` in increasing position into ``cand``; returns their number."""
     n_cand = 0
@@ -91,7 +91,7 @@ def _candidates(key_mask, b, t, exclude_sink, cand):
     return n_cand
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _random_order(key_mask, b, h, t, exclude_sink, max_n, key, r, cand, top_idx):
     """The candidates of row ``t`` into ``cand``, then :func:`_sample`; returns their number."""
     n_cand = _candidates(key_mask, b, t, exclude_sink, cand)
@@ -99,7 +99,7 @@ def _random_order(key_mask, b, h, t, exclude_sink, max_n, key, r, cand, top_idx)
     return n_cand
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _unselect(excluded, top_idx, m):
     """After a variant: its selected sources (candidates all) back to ``excluded = 0``."""
     for rank in range(m):
@@ -127,28 +127,29 @@ def random_top_orders(keys, key_mask, qpos, qvalid, n_heads, repeats, max_n, exc
                     out[r, b, h, qi, rank] = top_idx[rank]
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
-def _row_scan(row, key_mask, norms, t, scores):
-    """One pass over keys ``0..t`` of a row: its sum (float64; NaN and inf propagate), number of
-    negative entries and mass on the visible keys (the distribution checks), and the winner
-    scores ``α_k‖v_k‖`` (the pattern's dtype) into ``scores``, -1 where not visible."""
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, _nrt=False)
+def _row_scan(rows, key_mask, norms, b, h, kv, t, scores):
+    """One pass over keys ``0..t`` of row ``rows[b, h, t]``: its sum (float64; NaN and inf
+    propagate), number of negative entries and mass on the visible keys (the distribution
+    checks), and the winner scores ``α_k‖v_k‖`` (the pattern's dtype; ``norms[b, kv]``) into
+    ``scores``, -1 where not visible."""
     total = 0.0
     visible = 0.0
     negatives = 0
     for k in range(t + 1):
-        a = row[k]
+        a = rows[b, h, t, k]
         fa = float(a)
         total += fa
-        visible += fa if key_mask[k] else 0.0
+        visible += fa if key_mask[b, k] else 0.0
         negatives += 1 if fa < 0 else 0
-        scores[k] = a * norms[k] if key_mask[k] else -1.0
+        scores[k] = a * norms[b, kv, k] if key_mask[b, k] else -1.0
     return total, negatives, visible
 
 
 _BLOCK = 16
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _first_maximum(scores, bits, n):
     """The first position of the largest of ``scores[:n]`` (-1 when none is ≥ 0): the winner, ties
     to the lower position. ``bits`` is ``scores`` viewed as same-width integers: scores ≥ 0 (valid
@@ -217,20 +218,17 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         u_val = np.zeros(max_n)
         cand = np.zeros(n_k, dtype=np.int64)
         cand_base = np.zeros(n_k, dtype=np.int64)
-        nan_out = np.zeros(ns.shape[0])
-        nan_int = np.zeros(ns.shape[0])
-        nan_bool = np.zeros(ns.shape[0], dtype=np.bool_)
-        rand_p = np.zeros(ns.shape[0])
-        rand_r = np.zeros(ns.shape[0])
-        rand_f = np.zeros(ns.shape[0])
-        nosink_p = np.zeros(ns.shape[0])
-        nosink_r = np.zeros(ns.shape[0])
+        # P, R, F of the variants other than TOP, at [0, 0, 0, j] (outputs of _variant's shape)
+        part_p = np.zeros((1, 1, 1, ns.shape[0]))
+        part_r = np.zeros((1, 1, 1, ns.shape[0]))
+        part_f = np.zeros((1, 1, 1, ns.shape[0]))
+        no_flags = np.zeros((1, 1, 1, ns.shape[0]), dtype=np.bool_)  # not written (full=False)
         lo, hi = (0, n_q) if (geometry_all or taxonomy_all) else (last[b], last[b] + 1)
         for t in range(lo, hi):
             # Keys 0..t only: a causal model's later entries are the softmax's exact zeros, and
             # mass there would leave these sums short of 1 (refused). Halves the bytes read.
             row_sum[b, h, t], negatives[b, h, t], visible_sum[b, h, t] = _row_scan(
-                rows[b, h, t], key_mask[b], value_norm[b, kv], t, scores)
+                rows, key_mask, value_norm, b, h, kv, t, scores)
             best = _first_maximum(scores, score_bits, t + 1)
             valid = query_mask[b, t]
             if not valid:
@@ -278,11 +276,10 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             # The sink an unselected candidate at every N: NOSINK has TOP's sets, and TOP's pass
             # gives its F too.
             nosink_in_top = want_sink and not exclude_sink and key_mask[b, 0] and not 0 <= listed < max_n
-            _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, True,
+            _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
                      alpha, excluded, top_idx, n_cand, proj, y_size, dist, lanes, agg, u_val,
-                     precision[b, h, qi], recall[b, h, qi], f[b, h, qi], margin[b, h, qi], inversions[b, h, qi],
-                     sink[b, h, qi], want_sink, align_sink[b, h, qi], align_current[b, h, qi],
-                     want_bounds, g, slack_scale, bound_p[b, h, qi], bound_r[b, h, qi], nosink_in_top, f_nosink[b, h, qi])
+                     precision, recall, f, margin, inversions, sink, want_sink, align_sink, align_current,
+                     want_bounds, g, slack_scale, bound_p, bound_r, nosink_in_top, f_nosink)
             _unselect(excluded, top_idx, min(filled, max_n))
             if want_sink and (exclude_sink or not key_mask[b, 0]):  # the sink is no candidate: NOSINK is TOP
                 for j in range(ns.shape[0]):
@@ -297,10 +294,14 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 alpha[0] = 0.0
                 excluded[0] = math.inf
                 n_nosink = n_cand - 1 if key_mask[b, 0] else n_cand
-                _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
+                for j in range(ns.shape[0]):
+                    part_f[0, 0, 0, j] = np.nan
+                _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
                          alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, lanes, agg, u_val,
-                         nosink_p, nosink_r, f_nosink[b, h, qi], nan_out, nan_int, nan_bool,
-                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out, False, nan_out)
+                         part_p, part_r, part_f, part_p, part_p, no_flags,
+                         False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
+                for j in range(ns.shape[0]):
+                    f_nosink[b, h, qi, j] = part_f[0, 0, 0, j]
                 _unselect(excluded, sub_idx, m)
                 alpha[0] = sink_alpha
                 excluded[0] = 0.0 if key_mask[b, 0] else math.inf
@@ -308,20 +309,21 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             n_random_cand = _candidates(key_mask, b, t, exclude_sink, cand_base) if n_random else 0
             m = min(max_n, n_random_cand)
             for r in range(n_random):
-                cand[:n_random_cand] = cand_base[:n_random_cand]
+                for k in range(n_random_cand):
+                    cand[k] = cand_base[k]
                 _sample(cand, n_random_cand, m, random_keys[b], h, t, r, sub_idx)
                 for j in range(ns.shape[0]):
-                    rand_p[j] = np.nan
-                _variant(b, h, qi, t, kv, values, value_sq, gram, use_gram, ns, euclidean, False,
+                    part_p[0, 0, 0, j] = np.nan
+                _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
                          alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, lanes, agg, u_val,
-                         rand_p, rand_r, rand_f, nan_out, nan_int, nan_bool,
-                         False, nan_out, nan_out, False, g, slack_scale, nan_out, nan_out, False, nan_out)
+                         part_p, part_r, part_f, part_p, part_p, no_flags,
+                         False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
                 _unselect(excluded, sub_idx, m)
                 for j in range(ns.shape[0]):
-                    if not np.isnan(rand_p[j]):
-                        random_sum[0, b, h, qi, j] += rand_p[j]
-                        random_sum[1, b, h, qi, j] += rand_r[j]
-                        random_sum[2, b, h, qi, j] += rand_f[j]
+                    if not np.isnan(part_p[0, 0, 0, j]):
+                        random_sum[0, b, h, qi, j] += part_p[0, 0, 0, j]
+                        random_sum[1, b, h, qi, j] += part_r[0, 0, 0, j]
+                        random_sum[2, b, h, qi, j] += part_f[0, 0, 0, j]
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
