@@ -209,7 +209,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     import numpy as np
 
     from .layer_kernel import layer_rows
-    from .query_rows import check_distribution, gram_blocks, query_positions
+    from .query_rows import GRAM_BYTES, check_distribution, gram_blocks, query_positions
     from .selection import squared_value_norms
     from .separability_kernel import numba_threads
 
@@ -242,12 +242,14 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     per_kv: dict[str, Tensor] = {}
     cosine_by_lag = None
     repeats = 0 if random is None else random.repeats
-    # A Gram matrix V Vᵀ per kv head pays off when many rows × variants read it; in one block it
-    # also gives the regime's cosines.
+    # A Gram matrix V Vᵀ per kv head pays off when many rows × variants read it, and the regime's
+    # pair cosines (config.sink) need it anyway. The layer's matrices are held at once up to
+    # GRAM_BYTES or half the layer's own pattern (which the forward holds already; the Gram
+    # matrices are at most its size): the paper's 1024-token windows keep one block, shared.
     variants = 1 + 2 * config.sink + repeats
-    use_gram = group * n_sel * n_out * variants >= n_k
+    use_gram = config.sink or group * n_sel * n_out * variants >= n_k
     gram_bytes = n_k * n_k * values.element_size() if use_gram else 0
-    blocks = gram_blocks(batch, n_kv, gram_bytes)
+    blocks = gram_blocks(batch, n_kv, gram_bytes, max(GRAM_BYTES, pattern.numel() * pattern.element_size() // 2))
     whole_gram = (values @ values.transpose(-1, -2)).contiguous() if use_gram and len(blocks) == 1 else None
     g = torch.zeros(7, batch, n_kv, n_k, dtype=torch.float64)
     if config.sink:

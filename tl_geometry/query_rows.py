@@ -329,13 +329,14 @@ def prepare_separability(pattern, v, ns: tuple[int, ...], *, distance, ranking, 
                            key_mask, query_mask, dtype)
 
 
-def gram_blocks(batch: int, kv: int, gram_bytes: int) -> list[tuple[slice, slice]]:
-    """(batch, kv head) blocks whose Gram matrices (``gram_bytes`` per kv head) fit ``GRAM_BYTES``;
-    one (sequence, kv head) at least: never more than one head's attention pattern."""
+def gram_blocks(batch: int, kv: int, gram_bytes: int, budget: int = GRAM_BYTES) -> list[tuple[slice, slice]]:
+    """(batch, kv head) blocks whose Gram matrices (``gram_bytes`` per kv head) fit ``budget``
+    bytes (default ``GRAM_BYTES``); one (sequence, kv head) at least: never more than one head's
+    attention pattern."""
     per_sequence = kv * gram_bytes
-    if per_sequence * batch <= GRAM_BYTES:
+    if per_sequence * batch <= budget:
         return [(slice(0, batch), slice(0, kv))]
-    if per_sequence <= GRAM_BYTES:
-        step = GRAM_BYTES // per_sequence
+    if per_sequence <= budget:
+        step = budget // per_sequence
         return [(slice(lo, min(lo + step, batch)), slice(0, kv)) for lo in range(0, batch, step)]
     return [(slice(b, b + 1), slice(h, h + 1)) for b in range(batch) for h in range(kv)]
