@@ -35,7 +35,7 @@ from .distributed import all_gather_objects, all_reduce, shard_indices, shard_pa
 from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
 from .io import head_name, load_tensors, save_tensors, token_digest
-from .layer_measures import measure_layer
+from .layer_measures import Workspace, measure_layer
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
 __all__ = ["Analysis", "analyze", "analyze_separability", "classify_heads", "tokenize_texts"]
@@ -310,8 +310,10 @@ def analyze(
     geometry = SeparabilityAccumulator(info.n_layers, info.n_heads, config)
     taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=config.taxonomy_queries)
 
+    workspace = Workspace()
+
     def on_layer(layer, att):
-        measures = measure_layer(att, config, geometry.random_draws(att))
+        measures = measure_layer(att, config, geometry.random_draws(att), workspace=workspace)
         geometry.add(layer, measures, att.heads_per_kv)
         taxonomy.add_votes(layer, measures.votes, measures.offsets)
 
