@@ -109,3 +109,15 @@ def test_fused_winners_equal_the_loop_oracle_with_ties_and_signed_zeros(dtype):
     scores = att.pattern * v.norm(dim=-1)[:, None, None, :, 0]
     top = scores.max(-1, keepdim=True).values
     assert ((scores == top).sum(-1) > 1).sum() > 100  # many rows with ties to break
+
+
+def test_a_workspace_reused_across_layers_of_other_shapes_changes_nothing():
+    from tl_geometry.layer_measures import Workspace
+
+    config = RunConfig(n=(1, 2, 3))
+    small, large = layer(pos=9, lengths=[9, 6]), layer(batch=3, pos=14, seed=2)
+    workspace = Workspace()
+    for att in (small, large, small):  # the buffer grows for the larger layer, then is reused smaller
+        assert_same(measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="fused", workspace=workspace),
+                    measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="fused"), atol=0)
+    assert workspace._buffers["gram"].numel() == 3 * 2 * 14 * 14
