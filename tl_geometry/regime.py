@@ -146,6 +146,8 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
         from .layer_kernel import pair_cosine_statistics
     except ImportError:
         return None
+    import numpy as np
+
     from .query_rows import gram_blocks
 
     batch, n_kv, n_k, _ = values.shape
@@ -153,6 +155,7 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
     largest = torch.zeros(batch, n_kv, dtype=values.dtype)
     total = torch.zeros(batch, n_kv, dtype=torch.float64)
     norms, nonsink = norms.contiguous(), nonsink.contiguous()
+    bits_like = np.empty(0, dtype=np.int32 if values.dtype == torch.float32 else np.int64)
     blocks = [(slice(0, batch), slice(0, n_kv))] if gram is not None else \
         gram_blocks(batch, n_kv, n_k * n_k * values.element_size())
     for b_sl, kv_sl in blocks:
@@ -161,7 +164,7 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
             block_gram = (block @ block.transpose(-1, -2)).contiguous()
         else:
             block_gram = gram.contiguous()
-        pair_cosine_statistics(block_gram.numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(),
+        pair_cosine_statistics(block_gram.numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(), bits_like,
                                newest[b_sl, kv_sl].numpy(), largest[b_sl, kv_sl].numpy(), total[b_sl, kv_sl].numpy())
     return newest, largest, total.to(values.dtype)
 
