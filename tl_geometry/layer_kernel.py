@@ -208,6 +208,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         y_size = np.zeros(n_k)
         proj = np.zeros(n_k)
         dist = np.zeros(n_k)
+        near = np.zeros(n_k)  # the keys that can count as inversions (see _inversions)
         lanes = np.zeros(8)
         score_bits = np.zeros(n_k, dtype=bits_like.dtype)
         scores = score_bits.view(rows.dtype)
@@ -277,7 +278,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             # gives its F too.
             nosink_in_top = want_sink and not exclude_sink and key_mask[b, 0] and not 0 <= listed < max_n
             _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, lanes, agg, u_val,
+                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                      precision, recall, f, margin, inversions, sink, want_sink, align_sink, align_current,
                      want_bounds, g, slack_scale, bound_p, bound_r, nosink_in_top, f_nosink)
             _unselect(excluded, top_idx, min(filled, max_n))
@@ -297,7 +298,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 for j in range(ns.shape[0]):
                     part_f[0, 0, 0, j] = np.nan
                 _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, lanes, agg, u_val,
+                         alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, near, lanes, agg, u_val,
                          part_p, part_r, part_f, part_p, part_p, no_flags,
                          False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
                 for j in range(ns.shape[0]):
@@ -315,7 +316,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 for j in range(ns.shape[0]):
                     part_p[0, 0, 0, j] = np.nan
                 _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, lanes, agg, u_val,
+                         alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, near, lanes, agg, u_val,
                          part_p, part_r, part_f, part_p, part_p, no_flags,
                          False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
                 _unselect(excluded, sub_idx, m)
