@@ -121,3 +121,39 @@ def test_a_workspace_reused_across_layers_of_other_shapes_changes_nothing():
         assert_same(measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="fused", workspace=workspace),
                     measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="fused"), atol=0)
     assert workspace._buffers["gram"].numel() == 3 * 2 * 14 * 14
+
+
+BAD_PATTERNS = {
+    "nan": ("NaN or infinite values in real query rows", lambda p: p.index_put_((torch.tensor(0), torch.tensor(1), torch.tensor(5), torch.tensor(2)), torch.tensor(torch.nan))),
+    "negative": ("negative entries", lambda p: p[0, 1, 7, :2].copy_(torch.tensor([-0.25, 1.25]) * p[0, 1, 7, :2].sum())),
+    "scores": ("do not sum to 1", lambda p: p.mul_(1.2)),
+    "one row": ("do not sum to 1", lambda p: p[1, 0, 3].mul_(0.9)),
+}
+
+
+@pytest.mark.parametrize("queries", ["last", "all"])
+@pytest.mark.parametrize("fault", list(BAD_PATTERNS))
+def test_bad_patterns_are_refused_by_the_fused_pass_as_by_the_torch_backend(fault, queries):
+    message, spoil = BAD_PATTERNS[fault]
+    att = layer(lengths=[9, 6])
+    spoil(att.pattern)
+    for backend in ("fused", "torch"):
+        with pytest.raises(ValueError, match=message):
+            measure_layer(att, RunConfig(n=(1, 2), queries=queries), None, backend=backend)
+
+
+def test_garbage_in_pad_query_rows_is_not_a_fault():
+    att = layer(lengths=[9, 6])
+    clean = measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="fused")
+    att.pattern[1, :, 7] = -3.0  # a pad query of sequence 1: no row check, no measure
+    assert_same(measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="fused"), clean, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_dtype_rows_pass_the_fused_checks(dtype):
+    att = layer(pos=40, dtype=torch.float32)
+    att = LayerAttention(layer=0, pattern=att.pattern.to(dtype), kv_values=att.kv_values.to(dtype),
+                         key_mask=att.key_mask, query_mask=att.query_mask, has_bos=att.has_bos)
+    assert float((att.pattern.double().sum(-1) - 1).abs().max()) > 1e-4  # off by more than float32 would be
+    out = measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="fused")
+    assert out.per_query["f_top"].isfinite().any()

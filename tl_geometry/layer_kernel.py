@@ -181,7 +181,7 @@ def _first_maximum(scores, bits, n):
 def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean, group,
                random_keys, n_random, want_sink, want_bounds, g, slack_scale,
-               row_sum, negatives, visible_sum, votes, offsets,
+               tolerance, row_sum, negatives, visible_sum, bad_rows, votes, offsets,
                precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
                align_sink, align_current, bound_p, bound_r, f_nosink, random_sum):
     """Fill every output for the rows of ``rows`` ``[batch, head, query, key]``.
@@ -192,7 +192,8 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
     ``q = query`` (all) or 1 (last), pre-filled with NaN / False by the caller; ``random_sum``
     ``[3, batch, head, q, n]`` sums P, R, F over ``n_random`` uniformly random rankings per row,
     drawn from ``random_keys`` ``[batch]`` (one key per window and layer, see :func:`_sample`). ``row_sum`` etc. ``[batch, head, query]`` (rows not
-    visited stay 0 and are not checked); ``votes`` ``[batch, head, 3]``, ``offsets``
+    visited stay 0 and are not checked); ``bad_rows`` ``[batch, head]`` counts the real rows that
+    fail a distribution check at ``tolerance``; ``votes`` ``[batch, head, 3]``, ``offsets``
     ``[batch, head, key]`` are added to. ``g`` ``[7, batch, kv, key]``: the Gram bounds of the
     regime at each query (diag_lo, diag_hi, pair_hi, pair_lo, sink_hi, sink_lo, sink_sq).
     """
@@ -234,6 +235,10 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             valid = query_mask[b, t]
             if not valid:
                 continue
+            total = row_sum[b, h, t]
+            if (not math.isfinite(total) or negatives[b, h, t] > 0 or abs(total - 1) > tolerance
+                    or total - visible_sum[b, h, t] > tolerance):
+                bad_rows[b, h] += 1  # query_rows.check_distribution's conditions: it names the fault
             if (taxonomy_all or t == last[b]) and t > 0 and best >= 0:
                 if best == t:
                     votes[b, h, 0] += 1

@@ -231,7 +231,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     import numpy as np
 
     from .layer_kernel import layer_rows
-    from .query_rows import GRAM_BYTES, check_distribution, gram_blocks, query_positions
+    from .query_rows import GRAM_BYTES, check_distribution, gram_blocks, query_positions, row_sum_tolerance
     from .selection import squared_value_norms
     from .separability_kernel import numba_threads
 
@@ -294,6 +294,8 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     sink_mass, sink_rank = full(batch, heads, n_sel), full(batch, heads, n_sel)
     random_sum = torch.zeros(3, batch, heads, n_sel, n_out, dtype=torch.float64)
     row_sum, negatives, visible_sum = (torch.zeros(batch, heads, n_q, dtype=torch.float64) for _ in range(3))
+    bad_rows = torch.zeros(batch, heads, dtype=torch.int64)
+    tolerance = row_sum_tolerance(att.pattern.dtype)
     votes = torch.zeros(batch, heads, 3, dtype=torch.int64)
     offsets = torch.zeros(batch, heads, n_k, dtype=torch.int64)
 
@@ -324,18 +326,20 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
                 value_norm[b_sl, kv_sl].numpy(), bits_like, gram.numpy(), use_gram, ns_array,
                 0 if config.ranking == "attention" else 1, config.exclude_sink, config.distance == "euclidean", group,
                 keys[b_sl], repeats, config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(), slack_scale,
-                row_sum[b_sl, h_sl].numpy(), negatives[b_sl, h_sl].numpy(), visible_sum[b_sl, h_sl].numpy(),
+                tolerance, row_sum[b_sl, h_sl].numpy(), negatives[b_sl, h_sl].numpy(), visible_sum[b_sl, h_sl].numpy(),
+                bad_rows[b_sl, h_sl].numpy(),
                 votes[b_sl, h_sl].numpy(), offsets[b_sl, h_sl].numpy(),
                 *(view(metric[name]) for name in ("precision", "recall", "f", "margin", "inversions")),
                 sink[b_sl, h_sl].numpy(), sink_mass[b_sl, h_sl].numpy(), sink_rank[b_sl, h_sl].numpy(),
                 *(view(metric[name]) for name in ("align_sink", "align_current", "bound_p", "bound_r", "f_nosink")),
                 view(random_sum, 2),
             )
-    # Distribution checks of every visited row (one pass gave their statistics).
-    rows = torch.arange(n_q)[None].expand(batch, -1) if visited == n_q else last[:, None]
-    gather = rows[:, None, :].expand(batch, heads, -1)
-    check_distribution(row_sum.gather(2, gather), negatives.gather(2, gather) > 0, visible_sum.gather(2, gather),
-                       query_mask.gather(1, rows), att.pattern.dtype)
+    if bool(bad_rows.any()):  # a visited real row fails a distribution check: name the fault
+        rows = torch.arange(n_q)[None].expand(batch, -1) if visited == n_q else last[:, None]
+        gather = rows[:, None, :].expand(batch, heads, -1)
+        check_distribution(row_sum.gather(2, gather), negatives.gather(2, gather) > 0, visible_sum.gather(2, gather),
+                           query_mask.gather(1, rows), att.pattern.dtype)
+        raise AssertionError("the fused pass flagged a row that check_distribution accepts")
 
     out_dtype = dtype
     # The kernel's columns are the distinct N in increasing order; back to the caller's order
