@@ -28,7 +28,7 @@ import math
 import numba
 import numpy as np
 
-from .separability_kernel import _insert_top, _variant
+from .separability_kernel import _insert_top, _sizes, _variant
 
 
 @numba.njit(cache=True, nogil=True, _nrt=False)
@@ -282,6 +282,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
             # The sink an unselected candidate at every N: NOSINK has TOP's sets, and TOP's pass
             # gives its F too.
             nosink_in_top = want_sink and not exclude_sink and key_mask[b, 0] and not 0 <= listed < max_n
+            _sizes(alpha, value_sq, b, kv, t, euclidean, y_size)  # shared by every variant of the row
             _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
                      alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                      precision, recall, f, margin, inversions, sink, want_sink, align_sink, align_current,
@@ -296,8 +297,8 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                     if top_idx[rank] != 0 and m < max_n:
                         sub_idx[m] = top_idx[rank]
                         m += 1
-                sink_alpha = alpha[0]
-                alpha[0] = 0.0
+                sink_alpha, sink_size = alpha[0], y_size[0]
+                alpha[0] = y_size[0] = 0.0
                 excluded[0] = math.inf
                 n_nosink = n_cand - 1 if key_mask[b, 0] else n_cand
                 for j in range(ns.shape[0]):
@@ -309,7 +310,7 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                 for j in range(ns.shape[0]):
                     f_nosink[b, h, qi, j] = part_f[0, 0, 0, j]
                 _unselect(excluded, sub_idx, m)
-                alpha[0] = sink_alpha
+                alpha[0], y_size[0] = sink_alpha, sink_size
                 excluded[0] = 0.0 if key_mask[b, 0] else math.inf
             # Variant RANDOM: P, R, F summed over the repeats; the candidates listed once per row.
             n_random_cand = _candidates(key_mask, b, t, exclude_sink, cand_base) if n_random else 0

@@ -221,6 +221,15 @@ def _inversions(dist, n_keys, u_val, n, rho_min, rho_max, outside, near):
 
 
 @numba.njit(cache=True, nogil=True, _nrt=False)
+def _sizes(alpha, value_sq, b, kv, t, euclidean, y_size):
+    """``y_size[k]`` = ‖α_k v_k‖² (Euclidean) or ‖α_k v_k‖ (cosine) for keys ``0..t``: one row's
+    weighted sizes, which every variant of the row shares."""
+    for k in range(t + 1):
+        a = alpha[k]
+        y_size[k] = a * a * value_sq[b, kv, k] if euclidean else a * math.sqrt(value_sq[b, kv, k])
+
+
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclidean, full,
              alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
              out_p, out_r, out_f, out_margin, out_inv, out_sink,
@@ -231,14 +240,13 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
     margin, inversions, sink flag and (when asked) the alignments ``cos(s_N, v_0)``, ``cos(s_N, v_t)``
     and the Theorem 1 certificates from the Gram bounds ``g[:, b, kv, t]``; otherwise P, R, F only.
     Outputs ``[batch, head, q, n]`` arrays written at ``[ob, oh, oq, j]`` per N (``ns``
-    distinct, increasing): whole arrays and an index, no views (see the module's docstring). ``want_nosink`` (key 0 an
-    unselected candidate at every N): also F with key 0 dropped from the candidates, into
-    ``nosink_f``: the same sets, so only ρ_min, the outside count and the candidates change."""
+    distinct, increasing): whole arrays and an index, no views (see the module's docstring).
+    ``want_nosink`` (key 0 an unselected candidate at every N): also F with key 0 dropped from the candidates, into
+    ``nosink_f``: the same sets, so only ρ_min, the outside count and the candidates change.
+    ``y_size`` from :func:`_sizes` of the row's weights (the caller's: once for every variant)."""
     d = values.shape[3]
     for k in range(t + 1):
         proj[k] = 0.0
-        a = alpha[k]
-        y_size[k] = a * a * value_sq[b, kv, k] if euclidean else a * math.sqrt(value_sq[b, kv, k])
     for e in range(d):
         agg[e] = 0.0
     n_prev = 0
@@ -344,16 +352,21 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
             # L_j less the slack for every key (dist is free now); +inf drops selected and
             # non-candidates, so the minimum and the count need no branch.
             inner = pair_hi * total + sink_hi * w0
-            for k in range(t + 1):
+            outside_b = 0  # counted as the values are written (one pass, vectorised)
+            for k in range(1, t + 1):
                 a = alpha[k]
                 spread = a + total + w0
-                dist[k] = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[k]
+                value = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[k]
+                dist[k] = value
+                outside_b += 1 if value <= u_max else 0
+            a = alpha[0]
+            spread = a + total + w0
             if excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
-                a = alpha[0]
-                spread = a + total + w0
                 dist[0] = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total) - slack * spread * spread
+            else:
+                dist[0] = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[0]
+            outside_b += 1 if dist[0] <= u_max else 0
             l_min = _minimum(dist, 0, t + 1, lanes)
-            outside_b = _count_at_most(dist, t + 1, u_max)
             inside_b = 0
             for rank in range(n):
                 inside_b += 1 if u_val[rank] < l_min else 0
@@ -428,6 +441,7 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
             visible_sum[b, h, qi] = mass
             if not qvalid[b, qi]:
                 continue
+            _sizes(alpha, value_sq, b, kv, t, euclidean, y_size)
             _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
                      alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                      precision, recall, f, margin, inversions, sink,
