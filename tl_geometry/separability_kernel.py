@@ -296,11 +296,15 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
             u_val[rank] = value  # D_i (u_val is free until the certificates)
             rho_max = max(rho_max, value)
         outside = _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, t + 1, rho_max, dist)
-        rho_rest = _minimum(dist, 1, t + 1, lanes)  # ρ_min over keys 1..t, then with key 0
-        rho_min = min(dist[0], rho_rest)
-        inside = 0
-        for rank in range(n):
-            inside += 1 if u_val[rank] < rho_min else 0
+        if outside == 0 and not full:  # every unselected candidate beyond ρ_max: all selected inside
+            rho_rest = rho_min = math.inf  # (its value only matters for margins, inversions, NOSINK's F)
+            inside = n
+        else:
+            rho_rest = _minimum(dist, 1, t + 1, lanes)  # ρ_min over keys 1..t, then with key 0
+            rho_min = min(dist[0], rho_rest)
+            inside = 0
+            for rank in range(n):
+                inside += 1 if u_val[rank] < rho_min else 0
         if want_nosink and n < n_cand - 1:
             inside_ns = 0
             for rank in range(n):
@@ -366,10 +370,12 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
             else:
                 dist[0] = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[0]
             outside_b += 1 if dist[0] <= u_max else 0
-            l_min = _minimum(dist, 0, t + 1, lanes)
-            inside_b = 0
-            for rank in range(n):
-                inside_b += 1 if u_val[rank] < l_min else 0
+            inside_b = n  # no L_j ≤ max U_i: every selected source is certified inside
+            if outside_b > 0:
+                l_min = _minimum(dist, 0, t + 1, lanes)
+                inside_b = 0
+                for rank in range(n):
+                    inside_b += 1 if u_val[rank] < l_min else 0
             bound_p[ob, oh, oq, j] = n / (n + outside_b)
             bound_r[ob, oh, oq, j] = inside_b / n
     # Unselected candidates keep excluded = 0 for the next variant's reset (done by _select).
