@@ -177,6 +177,128 @@ def _first_maximum(scores, bits, n):
     return -1
 
 
+@numba.njit(cache=True, nogil=True, _nrt=False)
+def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
+               values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean,
+               group, random_keys, n_random, want_sink, want_bounds, g, slack_scale,
+               tolerance, row_sum, negatives, visible_sum, bad_rows, votes, offsets,
+               precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
+               align_sink, align_current, bound_p, bound_r, f_nosink, random_sum):
+    """The rows of one (sequence, head) task of :func:`layer_rows` (its arguments, and the task's
+    scratch arrays): compiled without reference counting, as its helpers are (see
+    ``separability_kernel``); in the parallel loop's own body the counts cost 12% of the pass."""
+    (alpha, excluded, y_size, proj, dist, near, lanes, score_bits, scores, agg, top_idx, top_score, sub_idx, u_val,
+     cand, cand_base, part_p, part_r, part_f, no_flags) = scratch
+    n_q = rows.shape[2]
+    max_n = ns[ns.shape[0] - 1]
+    lo, hi = (0, n_q) if (geometry_all or taxonomy_all) else (last[b], last[b] + 1)
+    for t in range(lo, hi):
+        # Keys 0..t only: a causal model's later entries are the softmax's exact zeros, and
+        # mass there would leave these sums short of 1 (refused). Halves the bytes read.
+        row_sum[b, h, t], negatives[b, h, t], visible_sum[b, h, t] = _row_scan(
+            rows, key_mask, value_norm, b, h, kv, t, scores)
+        best = _first_maximum(scores, score_bits, t + 1)
+        valid = query_mask[b, t]
+        if not valid:
+            continue
+        total = row_sum[b, h, t]
+        if (not math.isfinite(total) or negatives[b, h, t] > 0 or abs(total - 1) > tolerance
+                or total - visible_sum[b, h, t] > tolerance):
+            bad_rows[b, h] += 1  # query_rows.check_distribution's conditions: it names the fault
+        if (taxonomy_all or t == last[b]) and t > 0 and best >= 0:
+            if best == t:
+                votes[b, h, 0] += 1
+            elif best == 0:
+                votes[b, h, 1] += 1
+            else:
+                votes[b, h, 2] += 1
+                offsets[b, h, t - best] += 1
+        if not (geometry_all or t == last[b]):
+            continue
+        qi = t if geometry_all else 0
+        # Variant TOP: the ranking's own top-N sets, every output. The selection keeps one
+        # source more than max N: without the sink it is NOSINK's selection.
+        n_cand, filled = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
+                                 exclude_sink, max_n + 1, alpha, excluded, top_idx, top_score)
+        listed = -1  # the sink's place in TOP's list, where it is a listed candidate
+        for rank in range(filled if not exclude_sink else 0):
+            if top_idx[rank] == 0:
+                listed = rank
+        if want_sink and listed >= 0:
+            sink_mass[b, h, qi] = float(rows[b, h, t, 0])
+            # the list is ordered by score, ties to the lower position: those before the sink
+            # are exactly the sources that outrank it
+            sink_rank[b, h, qi] = listed
+        elif want_sink:
+            sink_mass[b, h, qi] = float(rows[b, h, t, 0]) if key_mask[b, 0] else 0.0
+            # sources ranked before the sink (all visible keys compete, sink ties win)
+            s0 = -math.inf
+            if key_mask[b, 0]:
+                s0 = float(rows[b, h, t, 0])
+                if ranking_mode == 1:
+                    s0 *= math.sqrt(value_sq[b, kv, 0])
+            ahead = 0
+            for k in range(1, t + 1):
+                if not key_mask[b, k]:
+                    continue
+                a = float(rows[b, h, t, k])
+                s = a if ranking_mode == 0 else a * math.sqrt(value_sq[b, kv, k])
+                ahead += 1 if s > s0 else 0
+            sink_rank[b, h, qi] = ahead
+        # The sink an unselected candidate at every N: NOSINK has TOP's sets, and TOP's pass
+        # gives its F too.
+        nosink_in_top = want_sink and not exclude_sink and key_mask[b, 0] and not 0 <= listed < max_n
+        _sizes(alpha, value_sq, b, kv, t, euclidean, y_size)  # shared by every variant of the row
+        _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
+                 alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
+                 precision, recall, f, margin, inversions, sink, want_sink, align_sink, align_current,
+                 want_bounds, g, slack_scale, bound_p, bound_r, nosink_in_top, f_nosink)
+        _unselect(excluded, top_idx, min(filled, max_n))
+        if want_sink and (exclude_sink or not key_mask[b, 0]):  # the sink is no candidate: NOSINK is TOP
+            for j in range(ns.shape[0]):
+                f_nosink[b, h, qi, j] = f[b, h, qi, j]
+        elif want_sink and not nosink_in_top:  # Variant NOSINK: key 0 removed from the candidates, F only
+            m = 0
+            for rank in range(filled):
+                if top_idx[rank] != 0 and m < max_n:
+                    sub_idx[m] = top_idx[rank]
+                    m += 1
+            sink_alpha, sink_size = alpha[0], y_size[0]
+            alpha[0] = y_size[0] = 0.0
+            excluded[0] = math.inf
+            n_nosink = n_cand - 1 if key_mask[b, 0] else n_cand
+            for j in range(ns.shape[0]):
+                part_f[0, 0, 0, j] = np.nan
+            _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
+                     alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, near, lanes, agg, u_val,
+                     part_p, part_r, part_f, part_p, part_p, no_flags,
+                     False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
+            for j in range(ns.shape[0]):
+                f_nosink[b, h, qi, j] = part_f[0, 0, 0, j]
+            _unselect(excluded, sub_idx, m)
+            alpha[0], y_size[0] = sink_alpha, sink_size
+            excluded[0] = 0.0 if key_mask[b, 0] else math.inf
+        # Variant RANDOM: P, R, F summed over the repeats; the candidates listed once per row.
+        n_random_cand = _candidates(key_mask, b, t, exclude_sink, cand_base) if n_random else 0
+        m = min(max_n, n_random_cand)
+        for r in range(n_random):
+            for k in range(n_random_cand):
+                cand[k] = cand_base[k]
+            _sample(cand, n_random_cand, m, random_keys[b], h, t, r, sub_idx)
+            for j in range(ns.shape[0]):
+                part_p[0, 0, 0, j] = np.nan
+            _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
+                     alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, near, lanes, agg, u_val,
+                     part_p, part_r, part_f, part_p, part_p, no_flags,
+                     False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
+            _unselect(excluded, sub_idx, m)
+            for j in range(ns.shape[0]):
+                if not np.isnan(part_p[0, 0, 0, j]):
+                    random_sum[0, b, h, qi, j] += part_p[0, 0, 0, j]
+                    random_sum[1, b, h, qi, j] += part_r[0, 0, 0, j]
+                    random_sum[2, b, h, qi, j] += part_f[0, 0, 0, j]
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean, group,
@@ -225,112 +347,14 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         part_r = np.zeros((1, 1, 1, ns.shape[0]))
         part_f = np.zeros((1, 1, 1, ns.shape[0]))
         no_flags = np.zeros((1, 1, 1, ns.shape[0]), dtype=np.bool_)  # not written (full=False)
-        lo, hi = (0, n_q) if (geometry_all or taxonomy_all) else (last[b], last[b] + 1)
-        for t in range(lo, hi):
-            # Keys 0..t only: a causal model's later entries are the softmax's exact zeros, and
-            # mass there would leave these sums short of 1 (refused). Halves the bytes read.
-            row_sum[b, h, t], negatives[b, h, t], visible_sum[b, h, t] = _row_scan(
-                rows, key_mask, value_norm, b, h, kv, t, scores)
-            best = _first_maximum(scores, score_bits, t + 1)
-            valid = query_mask[b, t]
-            if not valid:
-                continue
-            total = row_sum[b, h, t]
-            if (not math.isfinite(total) or negatives[b, h, t] > 0 or abs(total - 1) > tolerance
-                    or total - visible_sum[b, h, t] > tolerance):
-                bad_rows[b, h] += 1  # query_rows.check_distribution's conditions: it names the fault
-            if (taxonomy_all or t == last[b]) and t > 0 and best >= 0:
-                if best == t:
-                    votes[b, h, 0] += 1
-                elif best == 0:
-                    votes[b, h, 1] += 1
-                else:
-                    votes[b, h, 2] += 1
-                    offsets[b, h, t - best] += 1
-            if not (geometry_all or t == last[b]):
-                continue
-            qi = t if geometry_all else 0
-            # Variant TOP: the ranking's own top-N sets, every output. The selection keeps one
-            # source more than max N: without the sink it is NOSINK's selection.
-            n_cand, filled = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
-                                     exclude_sink, max_n + 1, alpha, excluded, top_idx, top_score)
-            listed = -1  # the sink's place in TOP's list, where it is a listed candidate
-            for rank in range(filled if not exclude_sink else 0):
-                if top_idx[rank] == 0:
-                    listed = rank
-            if want_sink and listed >= 0:
-                sink_mass[b, h, qi] = float(rows[b, h, t, 0])
-                # the list is ordered by score, ties to the lower position: those before the sink
-                # are exactly the sources that outrank it
-                sink_rank[b, h, qi] = listed
-            elif want_sink:
-                sink_mass[b, h, qi] = float(rows[b, h, t, 0]) if key_mask[b, 0] else 0.0
-                # sources ranked before the sink (all visible keys compete, sink ties win)
-                s0 = -math.inf
-                if key_mask[b, 0]:
-                    s0 = float(rows[b, h, t, 0])
-                    if ranking_mode == 1:
-                        s0 *= math.sqrt(value_sq[b, kv, 0])
-                ahead = 0
-                for k in range(1, t + 1):
-                    if not key_mask[b, k]:
-                        continue
-                    a = float(rows[b, h, t, k])
-                    s = a if ranking_mode == 0 else a * math.sqrt(value_sq[b, kv, k])
-                    ahead += 1 if s > s0 else 0
-                sink_rank[b, h, qi] = ahead
-            # The sink an unselected candidate at every N: NOSINK has TOP's sets, and TOP's pass
-            # gives its F too.
-            nosink_in_top = want_sink and not exclude_sink and key_mask[b, 0] and not 0 <= listed < max_n
-            _sizes(alpha, value_sq, b, kv, t, euclidean, y_size)  # shared by every variant of the row
-            _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
-                     precision, recall, f, margin, inversions, sink, want_sink, align_sink, align_current,
-                     want_bounds, g, slack_scale, bound_p, bound_r, nosink_in_top, f_nosink)
-            _unselect(excluded, top_idx, min(filled, max_n))
-            if want_sink and (exclude_sink or not key_mask[b, 0]):  # the sink is no candidate: NOSINK is TOP
-                for j in range(ns.shape[0]):
-                    f_nosink[b, h, qi, j] = f[b, h, qi, j]
-            elif want_sink and not nosink_in_top:  # Variant NOSINK: key 0 removed from the candidates, F only
-                m = 0
-                for rank in range(filled):
-                    if top_idx[rank] != 0 and m < max_n:
-                        sub_idx[m] = top_idx[rank]
-                        m += 1
-                sink_alpha, sink_size = alpha[0], y_size[0]
-                alpha[0] = y_size[0] = 0.0
-                excluded[0] = math.inf
-                n_nosink = n_cand - 1 if key_mask[b, 0] else n_cand
-                for j in range(ns.shape[0]):
-                    part_f[0, 0, 0, j] = np.nan
-                _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, near, lanes, agg, u_val,
-                         part_p, part_r, part_f, part_p, part_p, no_flags,
-                         False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
-                for j in range(ns.shape[0]):
-                    f_nosink[b, h, qi, j] = part_f[0, 0, 0, j]
-                _unselect(excluded, sub_idx, m)
-                alpha[0], y_size[0] = sink_alpha, sink_size
-                excluded[0] = 0.0 if key_mask[b, 0] else math.inf
-            # Variant RANDOM: P, R, F summed over the repeats; the candidates listed once per row.
-            n_random_cand = _candidates(key_mask, b, t, exclude_sink, cand_base) if n_random else 0
-            m = min(max_n, n_random_cand)
-            for r in range(n_random):
-                for k in range(n_random_cand):
-                    cand[k] = cand_base[k]
-                _sample(cand, n_random_cand, m, random_keys[b], h, t, r, sub_idx)
-                for j in range(ns.shape[0]):
-                    part_p[0, 0, 0, j] = np.nan
-                _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
-                         alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, near, lanes, agg, u_val,
-                         part_p, part_r, part_f, part_p, part_p, no_flags,
-                         False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
-                _unselect(excluded, sub_idx, m)
-                for j in range(ns.shape[0]):
-                    if not np.isnan(part_p[0, 0, 0, j]):
-                        random_sum[0, b, h, qi, j] += part_p[0, 0, 0, j]
-                        random_sum[1, b, h, qi, j] += part_r[0, 0, 0, j]
-                        random_sum[2, b, h, qi, j] += part_f[0, 0, 0, j]
+        scratch = (alpha, excluded, y_size, proj, dist, near, lanes, score_bits, scores, agg, top_idx, top_score,
+                   sub_idx, u_val, cand, cand_base, part_p, part_r, part_f, no_flags)
+        _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
+                   values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean,
+                   group, random_keys, n_random, want_sink, want_bounds, g, slack_scale,
+                   tolerance, row_sum, negatives, visible_sum, bad_rows, votes, offsets,
+                   precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
+                   align_sink, align_current, bound_p, bound_r, f_nosink, random_sum)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
