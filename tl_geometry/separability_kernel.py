@@ -152,13 +152,13 @@ def _minimum(x, lo, hi, lanes):
     return low
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
-def _row_sum_and_negatives(row):
-    """Sum (float64; NaN and inf propagate) and number of negative entries of one pattern row."""
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, _nrt=False)
+def _row_sum_and_negatives(rows, b, h, qi):
+    """Sum (float64; NaN and inf propagate) and number of negative entries of row ``rows[b, h, qi]``."""
     total = 0.0
     negatives = 0
-    for k in range(row.shape[0]):
-        a = float(row[k])
+    for k in range(rows.shape[3]):
+        a = float(rows[b, h, qi, k])
         total += a
         negatives += 1 if a < 0 else 0
     return total, negatives
@@ -381,6 +381,55 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
     # Unselected candidates keep excluded = 0 for the next variant's reset (done by _select).
 
 
+@numba.njit(cache=True, nogil=True, _nrt=False)
+def _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram,
+                  use_gram, ns, exclude_sink, euclidean, group,
+                  precision, recall, f, margin, inversions, sink, row_sum, negatives, visible_sum):
+    """The rows of one task of :func:`separability_rows`, with its scratch arrays: no reference
+    counting (see the module's docstring)."""
+    alpha, excluded, y_size, proj, top_idx, top_score, dist, near, lanes, agg, u_val, no_bounds = scratch
+    n_batch, n_heads, n_q, _ = rows.shape
+    n_rows = n_batch * n_heads * n_q
+    max_n = ns[ns.shape[0] - 1]
+    for r in range(task * _ROWS_PER_TASK, min(n_rows, (task + 1) * _ROWS_PER_TASK)):
+        b = r // (n_heads * n_q)
+        h = (r // n_q) % n_heads
+        qi = r % n_q
+        kv = h // group
+        t = qpos[b, qi]
+        row_sum[b, h, qi], negatives[b, h, qi] = _row_sum_and_negatives(rows, b, h, qi)
+        # Candidates, weights and the best max-N sources by the ranking.
+        mass = 0.0
+        n_cand = 0
+        filled = 0
+        m = min(max_n, t + 1)
+        for k in range(t, -1, -1):
+            a = float(rows[b, h, qi, k])
+            visible = key_mask[b, k]
+            mass += a if visible else 0.0
+            visible = visible and not (exclude_sink and k == 0)
+            alpha[k] = a if visible else 0.0
+            excluded[k] = 0.0 if visible else math.inf
+            if not visible:
+                continue
+            n_cand += 1
+            if ranking_mode == 0:
+                score = a
+            elif ranking_mode == 1:
+                score = a * math.sqrt(value_sq[b, kv, k])
+            else:  # -inf is still a candidate: above every non-candidate
+                score = max(float(scores[b, h, qi, k]), -1.7976931348623157e308)
+            filled = _insert_top(top_idx, top_score, filled, m, k, score)
+        visible_sum[b, h, qi] = mass
+        if not qvalid[b, qi]:
+            continue
+        _sizes(alpha, value_sq, b, kv, t, euclidean, y_size)
+        _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
+                 alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
+                 precision, recall, f, margin, inversions, sink,
+                 False, precision, precision, False, no_bounds, 0.0, precision, precision, False, precision)
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram, use_gram,
                       ns, exclude_sink, euclidean, group,
@@ -415,40 +464,7 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
         agg = np.zeros(d)
         u_val = np.zeros(max_n)
         no_bounds = np.zeros((7, 1, 1, 1))
-        for r in range(task * _ROWS_PER_TASK, min(n_rows, (task + 1) * _ROWS_PER_TASK)):
-            b = r // (n_heads * n_q)
-            h = (r // n_q) % n_heads
-            qi = r % n_q
-            kv = h // group
-            t = qpos[b, qi]
-            row_sum[b, h, qi], negatives[b, h, qi] = _row_sum_and_negatives(rows[b, h, qi])
-            # Candidates, weights and the best max-N sources by the ranking.
-            mass = 0.0
-            n_cand = 0
-            filled = 0
-            m = min(max_n, t + 1)
-            for k in range(t, -1, -1):
-                a = float(rows[b, h, qi, k])
-                visible = key_mask[b, k]
-                mass += a if visible else 0.0
-                visible = visible and not (exclude_sink and k == 0)
-                alpha[k] = a if visible else 0.0
-                excluded[k] = 0.0 if visible else math.inf
-                if not visible:
-                    continue
-                n_cand += 1
-                if ranking_mode == 0:
-                    score = a
-                elif ranking_mode == 1:
-                    score = a * math.sqrt(value_sq[b, kv, k])
-                else:  # -inf is still a candidate: above every non-candidate
-                    score = max(float(scores[b, h, qi, k]), -1.7976931348623157e308)
-                filled = _insert_top(top_idx, top_score, filled, m, k, score)
-            visible_sum[b, h, qi] = mass
-            if not qvalid[b, qi]:
-                continue
-            _sizes(alpha, value_sq, b, kv, t, euclidean, y_size)
-            _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
-                     alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
-                     precision, recall, f, margin, inversions, sink,
-                     False, precision, precision, False, no_bounds, 0.0, precision, precision, False, precision)
+        scratch = (alpha, excluded, y_size, proj, top_idx, top_score, dist, near, lanes, agg, u_val, no_bounds)
+        _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram,
+                      use_gram, ns, exclude_sink, euclidean, group,
+                      precision, recall, f, margin, inversions, sink, row_sum, negatives, visible_sum)
