@@ -178,6 +178,19 @@ def _first_maximum(scores, bits, n):
 
 
 @numba.njit(cache=True, nogil=True, _nrt=False)
+def _prf(b, t, kv, values, value_sq, gram, use_gram, ns, euclidean, alpha, excluded, top_idx, n_cand,
+         proj, y_size, dist, near, lanes, agg, u_val, part_p, part_r, part_f, no_flags, g):
+    """P, R, F only (NOSINK, RANDOM) of the selection ``top_idx`` into ``part_*[0, 0, 0, :]``,
+    NaN where undefined; the other outputs of :func:`_variant` are not written."""
+    for j in range(ns.shape[0]):
+        part_p[0, 0, 0, j] = part_r[0, 0, 0, j] = part_f[0, 0, 0, j] = np.nan
+    _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
+             alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
+             part_p, part_r, part_f, part_p, part_p, no_flags,
+             False, part_p, part_p, False, g, 0.0, part_p, part_p, False, part_p)
+
+
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
                values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean,
                group, random_keys, n_random, want_sink, want_bounds, g, slack_scale,
@@ -267,12 +280,8 @@ def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all
             alpha[0] = y_size[0] = 0.0
             excluded[0] = math.inf
             n_nosink = n_cand - 1 if key_mask[b, 0] else n_cand
-            for j in range(ns.shape[0]):
-                part_f[0, 0, 0, j] = np.nan
-            _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
-                     alpha, excluded, sub_idx, n_nosink, proj, y_size, dist, near, lanes, agg, u_val,
-                     part_p, part_r, part_f, part_p, part_p, no_flags,
-                     False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
+            _prf(b, t, kv, values, value_sq, gram, use_gram, ns, euclidean, alpha, excluded, sub_idx, n_nosink,
+                 proj, y_size, dist, near, lanes, agg, u_val, part_p, part_r, part_f, no_flags, g)
             for j in range(ns.shape[0]):
                 f_nosink[b, h, qi, j] = part_f[0, 0, 0, j]
             _unselect(excluded, sub_idx, m)
@@ -285,12 +294,8 @@ def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all
             for k in range(n_random_cand):
                 cand[k] = cand_base[k]
             _sample(cand, n_random_cand, m, random_keys[b], h, t, r, sub_idx)
-            for j in range(ns.shape[0]):
-                part_p[0, 0, 0, j] = np.nan
-            _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
-                     alpha, excluded, sub_idx, n_random_cand, proj, y_size, dist, near, lanes, agg, u_val,
-                     part_p, part_r, part_f, part_p, part_p, no_flags,
-                     False, part_p, part_p, False, g, slack_scale, part_p, part_p, False, part_p)
+            _prf(b, t, kv, values, value_sq, gram, use_gram, ns, euclidean, alpha, excluded, sub_idx, n_random_cand,
+                 proj, y_size, dist, near, lanes, agg, u_val, part_p, part_r, part_f, no_flags, g)
             _unselect(excluded, sub_idx, m)
             for j in range(ns.shape[0]):
                 if not np.isnan(part_p[0, 0, 0, j]):
