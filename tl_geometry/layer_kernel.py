@@ -149,6 +149,12 @@ def _row_scan(rows, key_mask, norms, b, h, kv, t, scores):
 _BLOCK = 16
 
 
+def integer_like(itemsize: int) -> np.ndarray:
+    """An empty integer array of ``itemsize`` bytes an entry (a float32 → int32, float64 → int64):
+    the type of the scratch in which the kernels read non-negative floats as their bit patterns."""
+    return np.empty(0, dtype=np.dtype(f"i{itemsize}"))
+
+
 @numba.njit(cache=True, nogil=True, _nrt=False)
 def _first_maximum(scores, bits, n):
     """The first position of the largest of ``scores[:n]`` (-1 when none is ≥ 0): the winner, ties

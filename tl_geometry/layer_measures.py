@@ -230,7 +230,7 @@ def _positions(att, queries: str) -> Tensor:
 def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace: Workspace) -> LayerMeasures:
     import numpy as np
 
-    from .layer_kernel import layer_rows
+    from .layer_kernel import integer_like, layer_rows
     from .query_rows import GRAM_BYTES, check_distribution, gram_blocks, query_positions, row_sum_tolerance
     from .selection import squared_value_norms
     from .separability_kernel import numba_threads
@@ -303,7 +303,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     small = batch * heads * visited * n_k < (1 << 17)
     with numba_threads(1 if small else torch.get_num_threads()):
         ns_array = np.asarray(ns, dtype=np.int64)
-        bits_like = np.empty(0, dtype=np.int32 if dtype == torch.float32 else np.int64)
+        bits_like = integer_like(pattern.element_size())
         for b_sl, kv_sl in blocks:
             h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
             block = values[b_sl, kv_sl]

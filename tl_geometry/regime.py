@@ -143,11 +143,9 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
     if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
         return None
     try:
-        from .layer_kernel import pair_cosine_statistics
+        from .layer_kernel import integer_like, pair_cosine_statistics
     except ImportError:
         return None
-    import numpy as np
-
     from .query_rows import gram_blocks
 
     batch, n_kv, n_k, _ = values.shape
@@ -155,7 +153,7 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
     largest = torch.zeros(batch, n_kv, dtype=values.dtype)
     total = torch.zeros(batch, n_kv, dtype=torch.float64)
     norms, nonsink = norms.contiguous(), nonsink.contiguous()
-    bits_like = np.empty(0, dtype=np.int32 if values.dtype == torch.float32 else np.int64)
+    bits_like = integer_like(values.element_size())
     blocks = [(slice(0, batch), slice(0, n_kv))] if gram is not None else \
         gram_blocks(batch, n_kv, n_k * n_k * values.element_size())
     for b_sl, kv_sl in blocks:

@@ -81,12 +81,12 @@ def _insert_top(top_idx, top_score, filled, m, k, score):
     return filled + 1 if filled < m else m
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
-def _dot(x, y):
-    """x · y in float64; reassociation lets LLVM vectorise the sum."""
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, _nrt=False)
+def _dot(values, b, kv, k, y):
+    """``values[b, kv, k] · y`` in float64; reassociation lets LLVM vectorise the sum."""
     acc = 0.0
-    for e in range(x.shape[0]):
-        acc += float(x[e]) * y[e]
+    for e in range(values.shape[3]):
+        acc += float(values[b, kv, k, e]) * y[e]
     return acc
 
 
@@ -98,7 +98,7 @@ def squared_norms(values):
     for b in range(n_batch):
         for h in range(n_kv):
             for k in range(n_k):
-                out[b, h, k] = _dot(values[b, h, k], values[b, h, k])
+                out[b, h, k] = _dot(values, b, h, k, values[b, h, k])
     return out
 
 
@@ -282,10 +282,7 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
             for e in range(d):
                 agg_sq += agg[e] * agg[e]
             for k in range(t + 1):
-                acc = 0.0
-                for e in range(d):
-                    acc += float(values[b, kv, k, e]) * agg[e]
-                proj[k] = acc
+                proj[k] = _dot(values, b, kv, k, agg)
         agg_norm = math.sqrt(max(agg_sq, 0.0))
         rho_max = -math.inf
         for rank in range(n):
