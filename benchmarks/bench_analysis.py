@@ -4,8 +4,9 @@ One command, every ratio from this one run:
 
 1. ``tlg.analyze(model, tokens)`` (last query) and ``tlg.analyze(model, tokens, queries="all")``
    against ``model(tokens)``: SmolLM2-135M on 8 × 256 and Gemma 3 270M on 4 × 256 random tokens
-   (BOS first). Times: the three calls interleaved round after round in one process (5 rounds);
-   each ratio is the median over rounds of the round's own ratio to its plain forward;
+   (BOS first). Times: in one process, each analysis call between two plain forwards, round
+   after round (5 rounds); each ratio is the median over rounds of the call's ratio to the mean of
+   its two neighbouring plain forwards (the spread of those ratios is kept beside it);
    peak memory: one fresh process per call (``benchmarks/common.py``).
 2. ``tl-geometry analyze`` with its defaults (64 windows × 256 tokens of ``python-reference``):
    its analysis call against plain forwards of the same windows in the same batches (in the
@@ -80,16 +81,24 @@ def child(argv: list[str]) -> None:
             calls[argv[2]]()
         print(json.dumps({"peak_bytes": mem.peak}))
         return
+    # Each analysis call between two plain forwards (plain, analyze, plain, analyze_all, plain, …):
+    # its ratio is to the mean of its two neighbours, so a drift of the machine's speed cancels to
+    # first order; the median over rounds, with the spread of the rounds' ratios beside it.
+    variants = [variant for variant in calls if variant != "plain"]
     times: dict[str, list[float]] = {variant: [] for variant in calls}
+    round_ratios: dict[str, list[float]] = {variant: [] for variant in variants}
+    before = _timed(calls["plain"])
     for _ in range(ROUNDS):
-        for variant, call in calls.items():
-            times[variant].append(_timed(call))
-    # Ratios paired within a round (the calls run back to back), then the median: drift of the
-    # machine's speed between rounds cancels.
-    ratios = {variant: statistics.median(t / p for t, p in zip(values, times["plain"], strict=True))
-              for variant, values in times.items() if variant != "plain"}
+        for variant in variants:
+            seconds = _timed(calls[variant])
+            after = _timed(calls["plain"])
+            times["plain"].append(after)
+            times[variant].append(seconds)
+            round_ratios[variant].append(seconds / ((before + after) / 2))
+            before = after
     print(json.dumps({"seconds": {variant: statistics.median(values) for variant, values in times.items()},
-                      "ratios": ratios}))
+                      "ratios": {variant: statistics.median(r) for variant, r in round_ratios.items()},
+                      "ratio_range": {variant: [min(r), max(r)] for variant, r in round_ratios.items()}}))
 
 
 def model_rows(name: str) -> dict:
@@ -99,6 +108,7 @@ def model_rows(name: str) -> dict:
     rows = {variant: {"seconds": value} for variant, value in timed["seconds"].items()}
     for variant, ratio in timed["ratios"].items():
         rows[variant]["time_ratio"] = ratio
+        rows[variant]["time_ratio_range"] = timed["ratio_range"][variant]
     for variant in rows:
         rows[variant].update(run_fresh("benchmarks.bench_analysis", "memory", name, variant, measure_memory=True))
     return rows
@@ -171,8 +181,9 @@ def main() -> None:
         for variant, target in (("analyze", "last query"), ("analyze_all", "all queries")):
             row = rows[variant]
             row["memory_ratio"] = row["peak_bytes"] / plain["peak_bytes"]
-            print(f"  tlg.analyze ({target}): {row['seconds']:.2f} s = {row['time_ratio']:.3f}x, "
-                  f"peak {row['peak_bytes'] / 2**20:.0f} MiB = {row['memory_ratio']:.3f}x")
+            low, high = row["time_ratio_range"]
+            print(f"  tlg.analyze ({target}): {row['seconds']:.2f} s = {row['time_ratio']:.3f}x "
+                  f"(rounds {low:.3f}-{high:.3f}), peak {row['peak_bytes'] / 2**20:.0f} MiB = {row['memory_ratio']:.3f}x")
     cli = cli_rows()
     cli["ratio"] = cli["analyze_seconds"] / cli["plain_seconds"]
     out["cli"] = cli
