@@ -87,15 +87,13 @@ def child(argv: list[str]) -> None:
     variants = [variant for variant in calls if variant != "plain"]
     times: dict[str, list[float]] = {variant: [] for variant in calls}
     round_ratios: dict[str, list[float]] = {variant: [] for variant in variants}
-    before = _timed(calls["plain"])
+    plain = times["plain"]
+    plain.append(_timed(calls["plain"]))
     for _ in range(ROUNDS):
         for variant in variants:
-            seconds = _timed(calls[variant])
-            after = _timed(calls["plain"])
-            times["plain"].append(after)
-            times[variant].append(seconds)
-            round_ratios[variant].append(seconds / ((before + after) / 2))
-            before = after
+            times[variant].append(_timed(calls[variant]))
+            plain.append(_timed(calls["plain"]))
+            round_ratios[variant].append(times[variant][-1] / ((plain[-2] + plain[-1]) / 2))
     print(json.dumps({"seconds": {variant: statistics.median(values) for variant, values in times.items()},
                       "ratios": {variant: statistics.median(r) for variant, r in round_ratios.items()},
                       "ratio_range": {variant: [min(r), max(r)] for variant, r in round_ratios.items()}}))
