@@ -15,7 +15,7 @@ per (sequence, head) walks its rows once and computes all of it from the same wo
   ``separability_kernel`` (same arithmetic, float64);
 - the top-N variant also gives ``cos(s_N, v_0)``, ``cos(s_N, v_t)`` (from ``⟨v_0, s_N⟩`` and
   ``⟨v_t, s_N⟩``, already computed), the sink's mass and rank, and the Theorem 1 certificates
-  from the regime's Gram bounds at ``t`` (docs/theory.md; slack of Lemma 3).
+  from the certificate's Gram bounds at ``t`` (docs/theory.md; slacks of Lemma 3).
 
 Equivalence with the separate functions (``separability``, ``sink_geometry``,
 ``sink_aware_bounds``, ``winner_sources``) is tested in ``tests/test_layer_kernel.py``.
@@ -32,7 +32,7 @@ from .separability_kernel import _insert_top, _sizes, _variant
 
 
 @numba.njit(cache=True, nogil=True, _nrt=False)
-def _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode, exclude_sink, max_n,
+def _select(rows, b, h, t, kv, key_mask, value_norm64, ranking_mode, exclude_sink, max_n,
             alpha, excluded, top_idx, top_score):
     """Weights, candidate flags (``excluded``: 0 candidate, +inf otherwise) and the best-``max_n``
     candidates of one row by attention (mode 0) or α‖v‖ (mode 1); returns (candidates, selected)."""
@@ -47,7 +47,7 @@ def _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode, exclude_sink, m
         if not candidate:
             continue
         n_cand += 1
-        score = a if ranking_mode == 0 else a * math.sqrt(value_sq[b, kv, k])
+        score = a if ranking_mode == 0 else a * value_norm64[b, kv, k]
         filled = _insert_top(top_idx, top_score, filled, m, k, score)
     return n_cand, filled
 
@@ -193,13 +193,13 @@ def _prf(b, t, kv, values, value_sq, gram, use_gram, ns, euclidean, alpha, exclu
     _variant(b, t, kv, 0, 0, 0, values, value_sq, gram, use_gram, ns, euclidean, False,
              alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
              part_p, part_r, part_f, part_p, part_p, no_flags,
-             False, part_p, part_p, False, g, 0.0, part_p, part_p, False, part_p)
+             False, part_p, part_p, False, g, part_p, part_p, False, part_p)
 
 
 @numba.njit(cache=True, nogil=True, _nrt=False)
 def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
-               values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean,
-               group, random_keys, n_random, want_sink, want_bounds, g, slack_scale,
+               values, value_sq, value_norm, value_norm64, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink,
+               euclidean, group, random_keys, n_random, want_sink, want_bounds, g,
                tolerance, row_sum, negatives, visible_sum, bad_rows, votes, offsets,
                precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
                align_sink, align_current, bound_p, bound_r, f_nosink, random_sum):
@@ -237,7 +237,7 @@ def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all
         qi = t if geometry_all else 0
         # Variant TOP: the ranking's own top-N sets, every output. The selection keeps one
         # source more than max N: without the sink it is NOSINK's selection.
-        n_cand, filled = _select(rows, b, h, t, kv, key_mask, value_sq, ranking_mode,
+        n_cand, filled = _select(rows, b, h, t, kv, key_mask, value_norm64, ranking_mode,
                                  exclude_sink, max_n + 1, alpha, excluded, top_idx, top_score)
         listed = -1  # the sink's place in TOP's list, where it is a listed candidate
         for rank in range(filled if not exclude_sink else 0):
@@ -255,13 +255,13 @@ def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all
             if key_mask[b, 0]:
                 s0 = float(rows[b, h, t, 0])
                 if ranking_mode == 1:
-                    s0 *= math.sqrt(value_sq[b, kv, 0])
+                    s0 *= value_norm64[b, kv, 0]
             ahead = 0
             for k in range(1, t + 1):
                 if not key_mask[b, k]:
                     continue
                 a = float(rows[b, h, t, k])
-                s = a if ranking_mode == 0 else a * math.sqrt(value_sq[b, kv, k])
+                s = a if ranking_mode == 0 else a * value_norm64[b, kv, k]
                 ahead += 1 if s > s0 else 0
             sink_rank[b, h, qi] = ahead
         # The sink an unselected candidate at every N: NOSINK has TOP's sets, and TOP's pass
@@ -271,7 +271,7 @@ def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all
         _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
                  alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                  precision, recall, f, margin, inversions, sink, want_sink, align_sink, align_current,
-                 want_bounds, g, slack_scale, bound_p, bound_r, nosink_in_top, f_nosink)
+                 want_bounds, g, bound_p, bound_r, nosink_in_top, f_nosink)
         _unselect(excluded, top_idx, min(filled, max_n))
         if want_sink and (exclude_sink or not key_mask[b, 0]):  # the sink is no candidate: NOSINK is TOP
             for j in range(ns.shape[0]):
@@ -312,8 +312,8 @@ def _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
-               values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean, group,
-               random_keys, n_random, want_sink, want_bounds, g, slack_scale,
+               values, value_sq, value_norm, value_norm64, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink,
+               euclidean, group, random_keys, n_random, want_sink, want_bounds, g,
                tolerance, row_sum, negatives, visible_sum, bad_rows, votes, offsets,
                precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
                align_sink, align_current, bound_p, bound_r, f_nosink, random_sum):
@@ -327,8 +327,9 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
     drawn from ``random_keys`` ``[batch]`` (one key per window and layer, see :func:`_sample`). ``row_sum`` etc. ``[batch, head, query]`` (rows not
     visited stay 0 and are not checked); ``bad_rows`` ``[batch, head]`` counts the real rows that
     fail a distribution check at ``tolerance``; ``votes`` ``[batch, head, 3]``, ``offsets``
-    ``[batch, head, key]`` are added to. ``g`` ``[7, batch, kv, key]``: the Gram bounds of the
-    regime at each query (diag_lo, diag_hi, pair_hi, pair_lo, sink_hi, sink_lo, sink_sq).
+    ``[batch, head, key]`` are added to. ``g`` ``[9, batch, kv, key]``: the certificates' Gram bounds and slack scales
+    at each query (``regime.CERTIFICATE_KEYS``). ``value_norm64``: the contribution ranking's ‖v‖
+    (float64, ``selection.value_norms64``); ``value_norm``: the taxonomy's (the pattern's dtype).
     """
     n_batch, n_heads, n_q, n_k = rows.shape
     d = values.shape[3]
@@ -361,8 +362,8 @@ def layer_rows(rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
         scratch = (alpha, excluded, y_size, proj, dist, near, lanes, score_bits, scores, agg, top_idx, top_score,
                    sub_idx, u_val, cand, cand_base, part_p, part_r, part_f, no_flags)
         _task_rows(b, h, kv, scratch, rows, key_mask, query_mask, last, geometry_all, taxonomy_all,
-                   values, value_sq, value_norm, bits_like, gram, use_gram, ns, ranking_mode, exclude_sink, euclidean,
-                   group, random_keys, n_random, want_sink, want_bounds, g, slack_scale,
+                   values, value_sq, value_norm, value_norm64, bits_like, gram, use_gram, ns, ranking_mode,
+                   exclude_sink, euclidean, group, random_keys, n_random, want_sink, want_bounds, g,
                    tolerance, row_sum, negatives, visible_sum, bad_rows, votes, offsets,
                    precision, recall, f, margin, inversions, sink, sink_mass, sink_rank,
                    align_sink, align_current, bound_p, bound_r, f_nosink, random_sum)

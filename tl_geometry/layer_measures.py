@@ -29,14 +29,13 @@ from torch import Tensor
 from .config import RunConfig
 from .errors import TLGeometryError
 from .metrics import inversion_bounds, separability, separability_over_rankings
-from .query_rows import check_values
+from .query_rows import check_values, finite_values
 from .regime import (
-    GRAM_BOUND_KEYS,
-    envelope_from_statistics,
+    CERTIFICATE_KEYS,
+    certificate_table,
     fit_from_statistics,
-    gram_bounds,
-    rounding_slack_scale,
     sink_aware_bounds,
+    unit_roundoff,
     value_statistics,
 )
 from .sink import f_by_sink, sink_geometry, value_sink_statistics
@@ -143,8 +142,8 @@ def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: B
     if random is not None and random.repeats == 0:
         random = None
     # The fused pass checks the values from their squared norms (see _measure_fused).
-    if backend == "torch" and not check_values(att.kv_values, att.key_mask):  # only at pads, which take no part
-        att = replace(att, kv_values=torch.where(torch.isfinite(att.kv_values), att.kv_values, 0.0))
+    if backend == "torch":
+        att = replace(att, kv_values=finite_values(att.kv_values, att.key_mask))
     if backend == "fused":
         out = _measure_fused(att, config, random, Workspace() if workspace is None else workspace)
     else:
@@ -173,15 +172,18 @@ def _as_separability(q: dict[str, Tensor], ns: tuple[int, ...], qpos: Tensor):
                         query_positions=qpos)
 
 
-def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: Tensor | None = None):
-    """Per-kv statistics, the regime fit and the Gram bounds of the envelope (shared statistics)."""
-    stats = value_statistics(values, key_mask, gram)
+def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: Tensor | None = None,
+                    squares: Tensor | None = None):
+    """Per-kv statistics, the regime fit and the certificates' table (shared statistics)."""
+    stats = value_statistics(values, key_mask, gram, squares)
     per_kv = value_sink_statistics(stats.norms, stats.cosines, stats.nonsink)
     cosine_by_lag = per_kv.pop("cosine_by_lag")
     fit = fit_from_statistics(stats)
     per_kv.update({name: getattr(fit, name) for name in FIT_FIELDS}, regime_holds=fit.holds().to(values.dtype))
-    bounds = gram_bounds(envelope_from_statistics(stats)) if config.distance == "euclidean" else None
-    return per_kv, cosine_by_lag, bounds
+    table = None
+    if config.distance == "euclidean":
+        table = certificate_table(stats, values.shape[-1], values.shape[2], unit_roundoff(values.dtype, values.device))
+    return per_kv, cosine_by_lag, table
 
 
 def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerMeasures:
@@ -232,7 +234,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
 
     from .layer_kernel import integer_like, layer_rows
     from .query_rows import GRAM_BYTES, check_distribution, gram_blocks, query_positions, row_sum_tolerance
-    from .selection import squared_value_norms
+    from .selection import squared_value_norms, value_norms64
     from .separability_kernel import numba_threads
 
     pattern = att.pattern.detach()
@@ -242,7 +244,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     dtype = pattern.dtype
     batch, heads, n_q, n_k = pattern.shape
     values = att.kv_values.detach().to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
-    n_kv, d = values.shape[1], values.shape[3]
+    n_kv = values.shape[1]
     group = heads // n_kv
     key_mask, query_mask = att.key_mask.bool().contiguous(), att.query_mask.bool().contiguous()
     last = query_positions(query_mask, "last")[:, 0].contiguous()
@@ -276,12 +278,12 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     if use_gram and len(blocks) == 1:
         whole_gram = torch.matmul(values, values.transpose(-1, -2),
                                   out=workspace.empty("gram", (batch, n_kv, n_k, n_k), values.dtype))
-    g = torch.zeros(7, batch, n_kv, n_k, dtype=torch.float64)
+    g = torch.zeros(len(CERTIFICATE_KEYS), batch, n_kv, n_k, dtype=torch.float64)
     if config.sink:
-        per_kv, cosine_by_lag, bounds = _value_measures(values, key_mask, config, whole_gram)
-        if bounds is not None:
-            g = torch.stack([bounds[key].double() for key in GRAM_BOUND_KEYS]).contiguous()
-    slack_scale = rounding_slack_scale(dtype, d, n_k)
+        per_kv, cosine_by_lag, table = _value_measures(values, key_mask, config, whole_gram, value_sq)
+        if table is not None:
+            g = torch.stack([table[key] for key in CERTIFICATE_KEYS]).contiguous()
+    value_norm64 = value_norms64(values, value_sq) if config.ranking == "contribution" else value_sq
     keys = (np.zeros(batch, dtype=np.uint64) if random is None else random.keys.cpu().numpy().view(np.uint64))
 
     def full(*shape, fill=torch.nan, dtype=torch.float64):
@@ -323,9 +325,10 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
             layer_rows(
                 pattern[b_sl, h_sl].numpy(), key_mask[b_sl].numpy(), query_mask[b_sl].numpy(), last[b_sl].numpy(),
                 geometry_all, taxonomy_all, block.numpy(), value_sq[b_sl, kv_sl].numpy(),
-                value_norm[b_sl, kv_sl].numpy(), bits_like, gram.numpy(), use_gram, ns_array,
+                value_norm[b_sl, kv_sl].numpy(), value_norm64[b_sl, kv_sl].numpy(), bits_like, gram.numpy(), use_gram,
+                ns_array,
                 0 if config.ranking == "attention" else 1, config.exclude_sink, config.distance == "euclidean", group,
-                keys[b_sl], repeats, config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(), slack_scale,
+                keys[b_sl], repeats, config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(),
                 tolerance, row_sum[b_sl, h_sl].numpy(), negatives[b_sl, h_sl].numpy(), visible_sum[b_sl, h_sl].numpy(),
                 bad_rows[b_sl, h_sl].numpy(),
                 votes[b_sl, h_sl].numpy(), offsets[b_sl, h_sl].numpy(),

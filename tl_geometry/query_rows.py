@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .config import Distance, Ranking
 from .errors import TLGeometryError
-from .selection import selection_scores, squared_value_norms
+from .selection import selection_scores, value_norms64
 
 __all__ = [
     "SeparabilityJob",
@@ -32,6 +32,7 @@ __all__ = [
     "query_rows",
     "query_positions",
     "row_sum_tolerance",
+    "finite_values",
     "gram_blocks",
     "GRAM_BYTES",
 ]
@@ -93,6 +94,13 @@ def check_values(v: Tensor, key_mask: Tensor) -> bool:
         raise TLGeometryError("v contains NaN or infinite values at real keys: check the model run (dtype overflow?) "
                               "or mask those positions as pads.")
     return bool(finite.all())
+
+
+def finite_values(v: Tensor, key_mask: Tensor) -> Tensor:
+    """``v`` with non-finite entries at pad keys set to 0, after :func:`check_values` refused them at
+    real keys: pads take no part, but a NaN there would reach sums as ``0·NaN``. The one rule of
+    every consumer (both separability backends, the bounds, the sink diagnostics, the layer pass)."""
+    return v if check_values(v, key_mask) else torch.where(torch.isfinite(v), v, 0.0)
 
 
 def row_sum_tolerance(dtype: torch.dtype) -> float:
@@ -218,8 +226,8 @@ class QueryRows:
         """:func:`selection_scores` of the rows (a score tensor must be shaped like the rows)."""
         if isinstance(ranking, Tensor) and ranking.shape != self.alpha.shape:
             raise TLGeometryError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
-        value_sq = squared_value_norms(self.values) if isinstance(ranking, str) and ranking == "contribution" else None
-        return selection_scores(self.alpha, self.candidates(exclude_sink)[:, None], ranking, value_sq, self.group)
+        norm64 = value_norms64(self.values) if isinstance(ranking, str) and ranking == "contribution" else None
+        return selection_scores(self.alpha, self.candidates(exclude_sink)[:, None], ranking, norm64, self.group)
 
 
 def query_rows(
@@ -236,7 +244,7 @@ def query_rows(
     device = pattern.device
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
     key_mask, query_mask = default_masks(pattern, key_mask, query_mask)
-    check_values(v, key_mask)
+    v = finite_values(v, key_mask)
     qpos = query_positions(query_mask, queries)
     rows = gather_rows(pattern, qpos).to(dtype)
     valid = query_mask.gather(1, qpos)
@@ -308,7 +316,7 @@ def prepare_separability(pattern, v, ns: tuple[int, ...], *, distance, ranking, 
     batch, heads, n_q, n_k = pattern.shape
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
     key_mask, query_mask = default_masks(pattern, key_mask, query_mask)
-    check_values(v, key_mask)
+    v = finite_values(v, key_mask)
     qpos = query_positions(query_mask, queries)
     n_sel = qpos.shape[1]
     all_rows = isinstance(queries, str) and queries == "all"

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,14 +33,16 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 from .query_rows import as_n_tuple, check_inputs, query_rows
-from .selection import precision_from_outside, top_order
+from .selection import precision_from_outside, squared_value_norms, top_order
 from .sink import value_norms_and_sink_cosines
 
-__all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "rounding_slack_scale",
-           "ValueStatistics", "value_statistics", "fit_from_statistics", "envelope_from_statistics", "gram_bounds"]
+__all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "unit_roundoff",
+           "ValueStatistics", "value_statistics", "fit_from_statistics", "envelope_from_statistics",
+           "certificate_table", "CERTIFICATE_KEYS"]
 
-# The keys of gram_bounds, in the order the fused kernel reads them.
-GRAM_BOUND_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq")
+# The rows of certificate_table, in the order the fused kernel reads them: the Gram bounds of
+# Lemma 1 and the two slack scales of Lemma 3.
+CERTIFICATE_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq", "slack_w", "slack_64")
 
 NORM_TOLERANCE = 0.1  # relative spread (std / mean) of non-sink norms accepted as "constant"
 SIGN_TOLERANCE = 0.9  # share of non-sink sources whose sink cosine has the majority sign
@@ -107,7 +110,8 @@ class ValueStatistics:
     (computed once). ``norms`` and ``cosines`` (cos(v_0, v_j)) ``[batch, kv, key]``; ``nonsink``
     ``[batch, key]`` (real keys j > 0); over non-sink pairs i ≠ j: ``newest`` ``[batch, kv, key]``
     (``max_{i<t} |cos(v_t, v_i)|``, 0 without such a pair), ``coherence_max`` and ``coherence_mean``
-    ``[batch, kv]`` (NaN without pairs)."""
+    ``[batch, kv]`` (NaN without pairs). For the certificates, in float64: ``squares`` ``‖v_j‖²`` and
+    ``sink_products`` ``⟨v_0, v_j⟩`` ``[batch, kv, key]`` (no cosine guard, no working-dtype rounding)."""
 
     norms: Float[Tensor, "batch kv key"]
     cosines: Float[Tensor, "batch kv key"]
@@ -115,16 +119,22 @@ class ValueStatistics:
     newest: Float[Tensor, "batch kv key"]
     coherence_max: Float[Tensor, "batch kv"]
     coherence_mean: Float[Tensor, "batch kv"]
+    squares: Float[Tensor, "batch kv key"]
+    sink_products: Float[Tensor, "batch kv key"]
 
 
 def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Tensor, "batch key"],
-                     gram: Float[Tensor, "batch kv key key"] | None = None) -> ValueStatistics:
+                     gram: Float[Tensor, "batch kv key key"] | None = None,
+                     squares: Float[Tensor, "batch kv key"] | None = None) -> ValueStatistics:
     """:class:`ValueStatistics` of ``[batch, kv, key, d]`` values (float32 or wider).
 
     On the CPU the pair statistics come from the Gram matrix ``V Vᵀ`` (the caller's ``gram``, or
     one per block of sequences) in one numba pass that never holds the ``[key, key]`` cosine
-    matrix; elsewhere from that matrix in torch."""
+    matrix; elsewhere from that matrix in torch. ``squares``: the caller's float64 ``‖v‖²``
+    (``selection.squared_value_norms``), when it has them."""
     norms, cosines, nonsink = value_norms_and_sink_cosines(values, key_mask)
+    squares = squared_value_norms(values) if squares is None else squares
+    sink_products = _sink_products(values)
     n_nonsink = nonsink.sum(-1, keepdim=True)
     n_pairs = n_nonsink * (n_nonsink - 1)  # ordered pairs i ≠ j, [batch, 1]
     pairs = _pair_statistics_fused(values, norms, nonsink, gram)
@@ -134,7 +144,18 @@ def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Ten
         pairs = newest, abs_cos.amax((-1, -2)), abs_cos.sum((-1, -2))
     newest, largest, total = pairs
     nan = torch.tensor(torch.nan, dtype=norms.dtype, device=norms.device)
-    return ValueStatistics(norms, cosines, nonsink, newest, torch.where(n_pairs > 0, largest, nan), total / n_pairs)
+    return ValueStatistics(norms, cosines, nonsink, newest, torch.where(n_pairs > 0, largest, nan), total / n_pairs,
+                           squares, sink_products)
+
+
+def _sink_products(values: Tensor) -> Tensor:
+    """``⟨v_0, v_j⟩`` in float64 ``[batch, kv, key]``: by the numba kernel on the CPU, else in torch."""
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        from .separability_kernel import sink_products
+
+        return torch.from_numpy(sink_products(values.detach().contiguous().numpy()))
+    wide = values.detach().double()
+    return (wide * wide[:, :, :1]).sum(-1)
 
 
 def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram: Tensor | None):
@@ -247,34 +268,67 @@ class SinkAwareBounds:
     query_positions: Int[Tensor, "batch q"]
 
 
-def gram_bounds(env: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Bounds on the Gram entries ``⟨v_k, v_l⟩`` by pair type (theory.md, Lemma 1)."""
-    c_lo, c_hi, mu, c0 = env["c_lo"], env["c_hi"], env["mu"], env["c0"]
-    beta_lo, beta_hi = env["beta_lo"], env["beta_hi"]
-    # Empty ranges (no non-sink source yet) must not turn 0 · inf into NaN.
-    c_lo, c_hi = c_lo.clamp(max=torch.finfo(c_lo.dtype).max), c_hi.clamp_min(0)
-    beta_lo, beta_hi = beta_lo.clamp(-1, 1), beta_hi.clamp(-1, 1)
+def unit_roundoff(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
+    """The unit roundoff ``u`` of a ``dtype`` measurement: ``eps / 2``, or that of the reduced
+    precision torch may use for float32 matrix products (``torch.set_float32_matmul_precision``
+    ``"high"``: TF32, ``2⁻¹¹``; ``"medium"``: bfloat16, ``2⁻⁸``; on CUDA also
+    ``torch.backends.cuda.matmul.allow_tf32``). The certificates' slacks scale with it, so a
+    reduced-precision run keeps valid (weaker) certificates (docs/theory.md, Lemma 3)."""
+    u = torch.finfo(dtype).eps / 2
+    if dtype != torch.float32:
+        return u
+    precision = torch.get_float32_matmul_precision()
+    if precision == "medium":
+        return max(u, 2.0**-8)
+    if precision == "high" or (torch.device(device).type == "cuda" and torch.backends.cuda.matmul.allow_tf32):
+        return max(u, 2.0**-11)
+    return u
+
+
+def _gamma(m: int, u: float) -> float:
+    """``γ_m = m·u / (1 − m·u)`` (inf when ``m·u ≥ 1``: nothing can be certified)."""
+    return m * u / (1 - m * u) if m * u < 1 else math.inf
+
+
+def certificate_table(stats: ValueStatistics, d_head: int, n_keys: int, roundoff: float
+                      ) -> dict[str, Float[Tensor, "batch kv key"]]:
+    """What the certificates of every prefix ``0..t`` need, in float64 (``CERTIFICATE_KEYS``).
+
+    Gram bounds by pair type (docs/theory.md, Lemma 1): ``diag_lo``/``diag_hi`` the range of the
+    non-sink ``‖v_j‖²``; ``pair_hi = −pair_lo = μ⁺·diag_hi`` with ``μ⁺`` the largest non-sink
+    ``|cos|`` plus its rounding bound ``γ_{3d+8}`` (it is computed in the working dtype);
+    ``sink_hi``/``sink_lo`` the range of ``⟨v_0, v_j⟩``; ``sink_sq = ‖v_0‖²``. Slack scales
+    (Lemma 3), times ``M = max(diag_hi, sink_sq)``: ``slack_w = γ_m(u)·M`` for the measurement's
+    rounding in the working precision ``roundoff`` and ``slack_64 = 16·γ_m(2⁻⁵³)·M`` for the
+    certificate's own float64 arithmetic, ``m = 2(n_keys + d_head) + 16``. A prefix without
+    non-sink keys has zero ranges (no term uses them there)."""
+    mask = stats.nonsink[:, None, :]
+    squares, products = stats.squares, stats.sink_products
+    diag_lo = torch.where(mask, squares, torch.inf).cummin(-1).values
+    diag_lo = torch.where(torch.isinf(diag_lo), 0.0, diag_lo)
+    diag_hi = torch.where(mask, squares, 0.0).cummax(-1).values
+    mu = (stats.newest.double().cummax(-1).values + _gamma(3 * d_head + 8, roundoff)).clamp(max=1.0)
+    pair_hi = mu * diag_hi
+    sink_hi = torch.where(mask, products, -torch.inf).cummax(-1).values
+    sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values
+    sink_sq = squares[..., :1].expand_as(squares)
+    scale = torch.maximum(diag_hi, sink_sq)
+    m = 2 * (n_keys + d_head) + 16
+
+    def slack(gamma: float) -> Tensor:
+        return torch.where(scale > 0, gamma * scale, 0.0)
+
     return {
-        "diag_lo": c_lo.square(), "diag_hi": c_hi.square(),
-        "pair_hi": mu * c_hi.square(), "pair_lo": -mu * c_hi.square(),
-        "sink_hi": c0 * beta_hi * torch.where(beta_hi >= 0, c_hi, c_lo),
-        "sink_lo": c0 * beta_lo * torch.where(beta_lo >= 0, c_lo, c_hi),
-        "sink_sq": c0.square(),
+        "diag_lo": diag_lo, "diag_hi": diag_hi, "pair_hi": pair_hi, "pair_lo": -pair_hi,
+        "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
+        "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
+        "sink_sq": sink_sq, "slack_w": slack(_gamma(m, roundoff)), "slack_64": slack(16 * _gamma(m, 2.0**-53)),
     }
 
 
 def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
     """Bound on ‖Σ w_k v_k‖² for w ≥ 0 from its non-sink ℓ2² ``sum_sq``, ℓ1 ``total`` and sink weight."""
     return diag * sum_sq + pair * (total.square() - sum_sq) + sink_sq * sink_w.square() + 2 * sink_pair * sink_w * total
-
-
-def rounding_slack_scale(dtype: torch.dtype, d_head: int, n_keys: int) -> float:
-    """``8·γ_m`` with ``γ_m = m·u / (1 − m·u)``, ``m = 2(d_head + n_keys) + 32`` and ``u`` the unit
-    roundoff of ``dtype``: times ``max(c_hi², c_0²)·(α_j + W + w_0)²`` it bounds every rounding
-    error of a certificate comparison (docs/theory.md, Lemma 3)."""
-    u = torch.finfo(dtype).eps / 2
-    m = 2 * (d_head + n_keys) + 32
-    return 8 * m * u / (1 - m * u)
 
 
 def sink_aware_bounds(
@@ -304,12 +358,13 @@ def sink_aware_bounds(
     ns = as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
-    env = regime_envelope(rows.values, rows.key_mask)
+    stats = value_statistics(rows.values, rows.key_mask)
+    table = certificate_table(stats, rows.values.shape[-1], n_k, unit_roundoff(rows.values.dtype, pattern.device))
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
-    g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in gram_bounds(env).items()}  # [b, h, q, 1]
+    g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in table.items()}  # [b, h, q, 1], float64
 
     candidates = rows.candidates(exclude_sink)[:, None]  # [b, 1, q, key]
-    alpha = rows.alpha.clone() if exclude_sink else rows.alpha
+    alpha = rows.alpha.to(torch.float64, copy=True)  # the certificate's arithmetic: float64 in every run (Lemma 3)
     if exclude_sink:  # the sink takes no part: no weight in s_N, not an unselected source
         alpha[..., 0] = 0.0
     is_sink = torch.zeros(n_k, dtype=torch.bool, device=pattern.device)
@@ -318,10 +373,9 @@ def sink_aware_bounds(
     order = top_order(rows.selection_scores(ranking, exclude_sink), min(distinct[-1], n_k))
     n_candidates = candidates.sum(-1)
     weights = torch.zeros_like(alpha)
-    nan = torch.tensor(torch.nan, dtype=alpha.dtype, device=alpha.device)
+    nan = torch.tensor(torch.nan, dtype=rows.alpha.dtype, device=alpha.device)
     own_diag = torch.where(is_sink, g["sink_sq"], g["diag_lo"])  # lower bound on ‖v_j‖²
     own = torch.where(is_sink, 0.0, alpha)
-    slack_scale = rounding_slack_scale(alpha.dtype, rows.values.shape[-1], n_k) * torch.maximum(g["diag_hi"], g["sink_sq"])
     precision, recall = {}, {}
     for n_value in distinct:
         top = order[..., :n_value]
@@ -330,6 +384,8 @@ def sink_aware_bounds(
         sink_w = weights[..., :1]
         total = weights[..., 1:].sum(-1, keepdim=True)
         sum_sq = weights[..., 1:].square().sum(-1, keepdim=True)
+        mass = total + sink_w
+        a_max = weights.amax(-1, keepdim=True)
         # U_i: ‖s − y_i‖² = ‖Σ_{k∈S∖i} y_k‖², with i's own weight removed from its pair type.
         upper = _quadratic(sum_sq - own.square(), total - own, torch.where(is_sink, 0.0, sink_w),
                            g["diag_hi"], g["pair_hi"], g["sink_hi"], g["sink_sq"])
@@ -337,9 +393,14 @@ def sink_aware_bounds(
         s_sq_lo = _quadratic(sum_sq, total, sink_w, g["diag_lo"], g["pair_lo"], g["sink_lo"], g["sink_sq"]).clamp_min(0)
         inner_hi = torch.where(is_sink, g["sink_hi"] * total, g["pair_hi"] * total + g["sink_hi"] * sink_w)
         lower = alpha.square() * own_diag + s_sq_lo - 2 * alpha * inner_hi
-        # Lemma 3: L_j less a slack that covers every rounding error of the comparison, scaled
-        # like the terms it compares (all at most max(c_hi², c_0²)·(α_j + W + w_0)²).
-        lower = lower - slack_scale * (alpha + total + sink_w).square()
+        # Lemma 3: L_j less σ_j (the measurement's rounding of D_j² and of the selected D_i², and
+        # the certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
+        # which proves the measured D_j² positive.
+        own_error = g["slack_w"] * (alpha.square() + 2 * alpha * mass)
+        exact_error = g["slack_64"] * (alpha + mass).square()
+        certified = lower - own_error - g["slack_w"] * mass.square() - exact_error > 0
+        selected_error = g["slack_w"] * (a_max.square() + 2 * a_max * mass)
+        lower = torch.where(certified, lower - own_error - selected_error - exact_error, -torch.inf)
         unselected = candidates & ~selected
         u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
         l_min = torch.where(unselected, lower, torch.inf).amin(-1, keepdim=True)
@@ -347,7 +408,7 @@ def sink_aware_bounds(
         inside = (selected & (upper < l_min)).sum(-1)
         defined = n_candidates > n_value
         # P as separability computes it, to the last bit
-        precision[n_value] = torch.where(defined, precision_from_outside(n_value, outside.to(alpha.dtype)), nan)
-        recall[n_value] = torch.where(defined, inside.to(alpha.dtype) / n_value, nan)
+        precision[n_value] = torch.where(defined, precision_from_outside(n_value, outside.to(nan.dtype)), nan)
+        recall[n_value] = torch.where(defined, inside.to(nan.dtype) / n_value, nan)
     return SinkAwareBounds(ns, torch.stack([precision[x] for x in ns], -1), torch.stack([recall[x] for x in ns], -1),
                            rows.qpos)

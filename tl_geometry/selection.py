@@ -1,9 +1,10 @@
 """The rules every implementation shares, so that all of them select and count alike.
 
-Which sources a ranking selects (:func:`selection_scores`, :func:`top_order`, float64 squared
-value norms for the contribution ranking), and the exactly rounded precision quotient. The
-public metrics, both separability backends, the certificates and the sink diagnostics use these
-and nothing else.
+Which sources a ranking selects (:func:`selection_scores`, :func:`top_order`, the float64
+value norms of the contribution ranking, :func:`value_norms64`), and the exactly rounded
+precision quotient. The public metrics, both separability backends, the compiled layer pass,
+the certificates and the sink diagnostics use these and nothing else, so that a certificate
+always speaks of the set that was measured.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 
-__all__ = ["top_order", "squared_value_norms", "selection_scores", "precision_from_outside", "COS_EPS"]
+__all__ = ["top_order", "squared_value_norms", "value_norms64", "selection_scores", "precision_from_outside", "COS_EPS"]
 
 # Added to cosine denominators: a zero vector has cosine 0 with everything.
 COS_EPS = 1e-12
@@ -53,21 +54,37 @@ def squared_value_norms(values: Float[Tensor, "batch kv key d"]) -> Float[Tensor
     return values.detach().double().pow(2).sum(-1)
 
 
+def value_norms64(values: Float[Tensor, "batch kv key d"],
+                  squares: Float[Tensor, "batch kv key"] | None = None) -> Float[Tensor, "batch kv key"]:
+    """``‖v‖ = sqrt(‖v‖²)`` in float64, computed once per layer and handed to every consumer of
+    the contribution ranking ``α‖v‖`` (both separability backends, the compiled layer pass, the
+    bounds and the sink diagnostics). One correctly rounded square root on the CPU (the kernels'
+    own); elsewhere torch's. Two square roots that differ in the last ulp would select different
+    sets at near-ties, and a certificate would speak of a set that was not measured. ``squares``:
+    the caller's :func:`squared_value_norms` of ``values``, when it has them."""
+    squares = squared_value_norms(values) if squares is None else squares
+    if squares.device.type == "cpu":
+        from .separability_kernel import norms_from_squares
+
+        return torch.from_numpy(norms_from_squares(squares.numpy()))
+    return squares.sqrt()
+
+
 def selection_scores(
     alpha: Float[Tensor, "batch head q key"],
     candidates: Bool[Tensor, "... key"],
     ranking: str | Tensor,
-    value_sq: Float[Tensor, "batch kv key"] | None,
+    value_norm: Float[Tensor, "batch kv key"] | None,
     group: int,
 ) -> Float[Tensor, "batch head q key"]:
-    """Scores that decide every top-N set (the fused kernel applies the same rule): ``α``,
-    ``α·sqrt(‖v‖²)`` in float64 from :func:`squared_value_norms`, or the caller's scores;
+    """Scores that decide every top-N set (the fused kernels apply the same rule): ``α``,
+    ``α·‖v‖`` in float64 with ``‖v‖`` from :func:`value_norms64`, or the caller's scores;
     candidates' scores clamped to finite values and non-candidates at ``-inf``, so a candidate
     scored ``-inf`` still comes before every non-candidate. Ties are broken by :func:`top_order`."""
     if isinstance(ranking, Tensor):
         score = ranking.to(torch.promote_types(ranking.dtype, alpha.dtype))
     elif ranking == "contribution":
-        score = alpha.double() * value_sq.sqrt().repeat_interleave(group, 1)[:, :, None, :]
+        score = alpha.double() * value_norm.repeat_interleave(group, 1)[:, :, None, :]
     elif ranking == "attention":
         score = alpha
     else:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .query_rows import MetricFields, SeparabilityJob, check_distribution, gather_rows, gram_blocks
-from .separability_kernel import numba_threads, separability_rows, squared_norms
+from .separability_kernel import norms_from_squares, numba_threads, separability_rows, squared_norms
 
 __all__ = ["separability_fused"]
 
@@ -38,6 +38,8 @@ def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) 
         mode, scores = 2, scores.contiguous()
     else:
         mode, scores = (0 if ranking == "attention" else 1), rows[:1, :1, :1, :1]
+    # ‖v‖² and, for the contribution ranking only, ‖v‖ (selection.value_norms64: one square root)
+    norms = (value_sq, norms_from_squares(value_sq) if mode == 1 else value_sq)
     # A Gram matrix V Vᵀ per kv head pays off when many query rows read it (``queries="all"``).
     use_gram = group * n_sel * len(ns) >= k_hi
     out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype) for name in _METRIC_FIELDS}
@@ -49,13 +51,13 @@ def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) 
     threads = 1 if batch * heads * n_sel * k_hi < _PARALLEL_ELEMENTS else torch.get_num_threads()
     ns_array = np.asarray(ns, dtype=np.int64)
     with numba_threads(threads):
-        _fused_blocks(rows, scores, mode, qpos, q_valid, job.key_mask, values, value_sq, ns_array, job.exclude_sink,
+        _fused_blocks(rows, scores, mode, qpos, q_valid, job.key_mask, values, norms, ns_array, job.exclude_sink,
                       job.distance, group, use_gram, gram_cache, dtype, out, sink, stats)
     check_distribution(stats[0], stats[1] > 0, stats[2], q_valid, pattern.dtype)
     return MetricFields(**out, sink_selected=sink)
 
 
-def _fused_blocks(rows, scores, mode, qpos, q_valid, key_mask, values, value_sq, ns_array, exclude_sink, distance,
+def _fused_blocks(rows, scores, mode, qpos, q_valid, key_mask, values, norms, ns_array, exclude_sink, distance,
                   group, use_gram, gram_cache, dtype, out, sink, stats):
     """The kernel over (batch, kv head) blocks whose Gram matrices fit ``query_rows.GRAM_BYTES``."""
     batch, kv, k_hi = values.shape[0], values.shape[1], values.shape[2]
@@ -73,7 +75,7 @@ def _fused_blocks(rows, scores, mode, qpos, q_valid, key_mask, values, value_sq,
         separability_rows(
             rows[b_sl, h_sl].numpy(), scores[b_sl, h_sl].numpy() if mode == 2 else scores.numpy(), mode,
             qpos[b_sl].contiguous().numpy(), q_valid[b_sl].numpy(), key_mask[b_sl].contiguous().numpy(),
-            values[b_sl, kv_sl].numpy(), value_sq[b_sl, kv_sl], gram.numpy(), use_gram, ns_array,
+            values[b_sl, kv_sl].numpy(), *(x[b_sl, kv_sl] for x in norms), gram.numpy(), use_gram, ns_array,
             exclude_sink, distance == "euclidean", group,
             *(out[name][b_sl, h_sl].numpy() for name in _METRIC_FIELDS), sink[b_sl, h_sl].numpy(),
             *(stat[b_sl, h_sl].numpy() for stat in stats),

@@ -102,6 +102,30 @@ def squared_norms(values):
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def norms_from_squares(value_sq):
+    """``sqrt`` of float64 squared norms, correctly rounded (IEEE square root): the one ``‖v‖`` of
+    the contribution ranking (``selection.value_norms64``)."""
+    out = np.empty_like(value_sq)
+    flat_in, flat_out = value_sq.reshape(-1), out.reshape(-1)
+    for i in range(flat_in.shape[0]):
+        flat_out[i] = math.sqrt(flat_in[i])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def sink_products(values):
+    """``⟨v_0, v_k⟩`` in float64 for every key of ``[batch, kv, key, d]`` values (products of
+    float32 entries are exact in float64): the sink's Gram row, which the certificates bound."""
+    n_batch, n_kv, n_k, _ = values.shape
+    out = np.empty((n_batch, n_kv, n_k))
+    for b in range(n_batch):
+        for h in range(n_kv):
+            for k in range(n_k):
+                out[b, h, k] = _dot(values, b, h, k, values[b, h, 0])
+    return out
+
+
 @numba.njit(cache=True, nogil=True, _nrt=False)
 def _distance(euclidean, y_size, a, proj, agg_sq, agg_norm):
     """One key's distance to s_N from ‖y‖ (or ‖y‖²), α and ⟨v, s_N⟩. Euclidean: D² − ‖s‖² =
@@ -230,10 +254,24 @@ def _sizes(alpha, value_sq, b, kv, t, euclidean, y_size):
 
 
 @numba.njit(cache=True, nogil=True, _nrt=False)
+def _certified_lower(lower, a, mass, slack_w, slack_64, selected_error):
+    """An unselected source's ``L_j`` (computed, float64) less its slack σ_j (docs/theory.md,
+    Lemma 3): the value to compare with ``max U_i``. ``-max`` (counted outside, and no selected
+    source certified inside) unless ``L_j`` exceeds its slack τ_j, which proves that the
+    measured ``D_j²`` is positive (the measurement clamps negative ones)."""
+    own_error = slack_w * (a * a + 2 * a * mass)
+    spread = a + mass
+    exact_error = slack_64 * spread * spread
+    if lower - own_error - slack_w * mass * mass - exact_error > 0.0:
+        return lower - own_error - selected_error - exact_error
+    return -1.7976931348623157e308
+
+
+@numba.njit(cache=True, nogil=True, _nrt=False)
 def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclidean, full,
              alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
              out_p, out_r, out_f, out_margin, out_inv, out_sink,
-             want_sink, align_sink, align_current, want_bounds, g, slack_scale, bound_p, bound_r,
+             want_sink, align_sink, align_current, want_bounds, g, bound_p, bound_r,
              want_nosink, nosink_f):
     """All N of one row's selection (``top_idx``; ``alpha``/``excluded`` from the selection): the
     metric core that ``separability_rows`` and the analysis' ``layer_kernel`` share. ``full``:
@@ -254,12 +292,12 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
     for rank in range(min(sink_rank, n_cand)):
         if top_idx[rank] == 0:
             sink_rank = rank
-    diag_lo = diag_hi = pair_hi = pair_lo = sink_hi = sink_lo = sink_sq = slack = 0.0
-    if want_bounds:  # the regime's Gram bounds at this query (Lemma 1), shared by every N
+    diag_lo = diag_hi = pair_hi = pair_lo = sink_hi = sink_lo = sink_sq = slack_w = slack_64 = 0.0
+    if want_bounds:  # the certificate's Gram bounds and slack scales at this query, shared by every N
         diag_lo, diag_hi = g[0, b, kv, t], g[1, b, kv, t]
         pair_hi, pair_lo = g[2, b, kv, t], g[3, b, kv, t]
         sink_hi, sink_lo, sink_sq = g[4, b, kv, t], g[5, b, kv, t], g[6, b, kv, t]
-        slack = slack_scale * max(diag_hi, sink_sq)
+        slack_w, slack_64 = g[7, b, kv, t], g[8, b, kv, t]
     for j in range(ns.shape[0]):
         n = ns[j]
         if n >= n_cand:  # no unselected candidate: undefined from here on
@@ -327,17 +365,21 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
             align_sink[ob, oh, oq, j] = proj[0] / (agg_norm * math.sqrt(value_sq[b, kv, 0]) + _COS_EPS)
             align_current[ob, oh, oq, j] = proj[t] / (agg_norm * math.sqrt(value_sq[b, kv, t]) + _COS_EPS)
         if want_bounds:
-            # Theorem 1 from the selected weights: W, Q of the non-sink ones and the sink's w_0.
+            # Theorem 1 from the selected weights: W, Q of the non-sink ones, the sink's w_0, the
+            # largest selected weight and the selected mass (the slacks of Lemma 3 scale with them).
             w0 = 0.0
             total = 0.0
             sum_sq = 0.0
+            a_max = 0.0
             for rank in range(n):
                 i = top_idx[rank]
+                a_max = max(a_max, alpha[i])
                 if i == 0:
                     w0 = alpha[0]
                 else:
                     total += alpha[i]
                     sum_sq += alpha[i] * alpha[i]
+            mass = total + w0
             u_max = -math.inf
             for rank in range(n):  # U_i = Q⁺(w^S − α_i e_i)
                 i = top_idx[rank]
@@ -350,22 +392,23 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
                 u_max = max(u_max, u_val[rank])
             s_sq_lo = max(diag_lo * sum_sq + pair_lo * (total * total - sum_sq) + sink_sq * w0 * w0
                           + 2 * sink_lo * w0 * total, 0.0)
-            # L_j less the slack for every key (dist is free now); +inf drops selected and
-            # non-candidates, so the minimum and the count need no branch.
+            selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
+            # L_j less its slack (see _certified_lower); +inf (excluded) drops selected and
+            # non-candidates from the minimum and the count, so they need no branch.
             inner = pair_hi * total + sink_hi * w0
             outside_b = 0  # counted as the values are written (one pass, vectorised)
             for k in range(1, t + 1):
                 a = alpha[k]
-                spread = a + total + w0
-                value = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[k]
+                value = _certified_lower(a * a * diag_lo + s_sq_lo - 2 * a * inner, a, mass, slack_w, slack_64,
+                                         selected_error) + excluded[k]
                 dist[k] = value
                 outside_b += 1 if value <= u_max else 0
             a = alpha[0]
-            spread = a + total + w0
             if excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
-                dist[0] = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total) - slack * spread * spread
+                dist[0] = _certified_lower(a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total), a, mass, slack_w,
+                                           slack_64, selected_error)
             else:
-                dist[0] = a * a * diag_lo + s_sq_lo - 2 * a * inner - slack * spread * spread + excluded[0]
+                dist[0] = math.inf
             outside_b += 1 if dist[0] <= u_max else 0
             inside_b = n  # no L_j ≤ max U_i: every selected source is certified inside
             if outside_b > 0:
@@ -379,7 +422,7 @@ def _variant(b, t, kv, ob, oh, oq, values, value_sq, gram, use_gram, ns, euclide
 
 
 @numba.njit(cache=True, nogil=True, _nrt=False)
-def _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram,
+def _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, value_norm64, gram,
                   use_gram, ns, exclude_sink, euclidean, group,
                   precision, recall, f, margin, inversions, sink, row_sum, negatives, visible_sum):
     """The rows of one task of :func:`separability_rows`, with its scratch arrays: no reference
@@ -413,7 +456,7 @@ def _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_m
             if ranking_mode == 0:
                 score = a
             elif ranking_mode == 1:
-                score = a * math.sqrt(value_sq[b, kv, k])
+                score = a * value_norm64[b, kv, k]
             else:  # -inf is still a candidate: above every non-candidate
                 score = max(float(scores[b, h, qi, k]), -1.7976931348623157e308)
             filled = _insert_top(top_idx, top_score, filled, m, k, score)
@@ -424,16 +467,17 @@ def _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_m
         _variant(b, t, kv, b, h, qi, values, value_sq, gram, use_gram, ns, euclidean, True,
                  alpha, excluded, top_idx, n_cand, proj, y_size, dist, near, lanes, agg, u_val,
                  precision, recall, f, margin, inversions, sink,
-                 False, precision, precision, False, no_bounds, 0.0, precision, precision, False, precision)
+                 False, precision, precision, False, no_bounds, precision, precision, False, precision)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram, use_gram,
+def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, value_norm64, gram, use_gram,
                       ns, exclude_sink, euclidean, group,
                       precision, recall, f, margin, inversions, sink, row_sum, negatives, visible_sum):
     """Fill the output arrays for every row of ``rows`` ``[batch, head, q, key]``.
 
-    scores: same shape as rows when ``ranking_mode == 2`` (0 = attention, 1 = α‖v‖).
+    scores: same shape as rows when ``ranking_mode == 2`` (0 = attention, 1 = α‖v‖ with ``‖v‖`` from
+    ``value_norm64``, ``[batch, kv, key]`` float64: ``selection.value_norms64``).
     qpos, qvalid: ``[batch, q]``; key_mask ``[batch, key]``; values ``[batch, kv, key, d]``;
     value_sq ``[batch, kv, key]`` (float64); gram ``[batch, kv, key, key]`` when ``use_gram``.
     ns: the distinct N in increasing order (output column j holds ``ns[j]``).
@@ -460,8 +504,8 @@ def separability_rows(rows, scores, ranking_mode, qpos, qvalid, key_mask, values
         lanes = np.zeros(8)
         agg = np.zeros(d)
         u_val = np.zeros(max_n)
-        no_bounds = np.zeros((7, 1, 1, 1))
+        no_bounds = np.zeros((9, 1, 1, 1))
         scratch = (alpha, excluded, y_size, proj, top_idx, top_score, dist, near, lanes, agg, u_val, no_bounds)
-        _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, gram,
+        _rows_of_task(task, scratch, rows, scores, ranking_mode, qpos, qvalid, key_mask, values, value_sq, value_norm64, gram,
                       use_gram, ns, exclude_sink, euclidean, group,
                       precision, recall, f, margin, inversions, sink, row_sum, negatives, visible_sum)

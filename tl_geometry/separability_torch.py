@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .query_rows import MetricFields, SeparabilityJob, check_rows, gather_rows
-from .selection import COS_EPS, precision_from_outside, selection_scores, squared_value_norms, top_order
+from .selection import COS_EPS, precision_from_outside, selection_scores, top_order, value_norms64
 
 __all__ = ["separability_torch", "CHUNK_ELEMENTS"]
 
@@ -33,7 +33,7 @@ def separability_torch(job: SeparabilityJob, *, chunk_elements: int = CHUNK_ELEM
     values = job.v.to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
     value_sq = values.pow(2).sum(-1)  # [batch, kv, key]
     value_norm = value_sq.sqrt()
-    value_sq64 = squared_value_norms(values) if isinstance(ranking, str) and ranking == "contribution" else None
+    value_norm64 = value_norms64(values) if isinstance(ranking, str) and ranking == "contribution" else None
 
     out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype, device=device)
            for name in _METRIC_FIELDS}
@@ -58,7 +58,8 @@ def separability_torch(job: SeparabilityJob, *, chunk_elements: int = CHUNK_ELEM
             alpha[..., 0] = 0.0
         # rows of the chosen queries (a score tensor was gathered by the caller)
         chunk_ranking = ranking[:, :, sl, :k_hi] if isinstance(ranking, Tensor) else ranking
-        score = selection_scores(alpha, cand, chunk_ranking, None if value_sq64 is None else value_sq64[..., :k_hi], group)
+        score = selection_scores(alpha, cand, chunk_ranking, None if value_norm64 is None else value_norm64[..., :k_hi],
+                                 group)
         order = top_order(score, min(max(ns), k_hi))
         n_cand = cand.sum(-1, dtype=torch.int32)  # [batch, head, c]; candidates hold ranks 0..n_cand-1
 
