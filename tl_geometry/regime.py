@@ -295,8 +295,8 @@ def certificate_table(stats: ValueStatistics, d_head: int, n_keys: int, roundoff
     """What the certificates of every prefix ``0..t`` need, in float64 (``CERTIFICATE_KEYS``).
 
     Gram bounds by pair type (docs/theory.md, Lemma 1): ``diag_lo``/``diag_hi`` the range of the
-    non-sink ``‖v_j‖²``; ``pair_hi = −pair_lo = μ⁺·diag_hi`` with ``μ⁺`` the largest non-sink
-    ``|cos|`` plus its rounding bound ``γ_{3d+8}`` (it is computed in the working dtype);
+    non-sink ``‖v_j‖²``; ``pair_hi = −pair_lo = μ⁺·diag_hi`` with ``μ⁺ = (μ + γ_{d+4})(1 + γ_{2d+8})``
+    bounding the true largest non-sink ``|cos|`` by the computed one ``μ`` (working dtype, Lemma 3);
     ``sink_hi``/``sink_lo`` the range of ``⟨v_0, v_j⟩``; ``sink_sq = ‖v_0‖²``. Slack scales
     (Lemma 3), times ``M = max(diag_hi, sink_sq)``: ``slack_w = γ_m(u)·M`` for the measurement's
     rounding in the working precision ``roundoff`` and ``slack_64 = 16·γ_m(2⁻⁵³)·M`` for the
@@ -307,7 +307,8 @@ def certificate_table(stats: ValueStatistics, d_head: int, n_keys: int, roundoff
     diag_lo = torch.where(mask, squares, torch.inf).cummin(-1).values
     diag_lo = torch.where(torch.isinf(diag_lo), 0.0, diag_lo)
     diag_hi = torch.where(mask, squares, 0.0).cummax(-1).values
-    mu = (stats.newest.double().cummax(-1).values + _gamma(3 * d_head + 8, roundoff)).clamp(max=1.0)
+    mu_hat = stats.newest.double().cummax(-1).values
+    mu = ((mu_hat + _gamma(d_head + 4, roundoff)) * (1 + _gamma(2 * d_head + 8, roundoff))).clamp(max=1.0)
     pair_hi = mu * diag_hi
     sink_hi = torch.where(mask, products, -torch.inf).cummax(-1).values
     sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values

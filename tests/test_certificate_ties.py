@@ -1,0 +1,194 @@
+"""The certificates where they are tight: at the last ulps of the measured value's switch.
+
+Each family below is a one-parameter input on which Theorem 1 is exact in exact arithmetic (the
+envelope is attained by the pairs that decide the comparison), so the certified and the measured
+P or R switch at the same real parameter. Rounding decides which side each computation lands on:
+a certificate must give way first. For each family, route and dtype we bisect the parameter to the
+two adjacent floats where the *measured* P or R switches, and check ``P̲ ≤ P`` and ``R̲ ≤ R`` there
+and at the neighbouring floats, for every measurement route (both separability backends, the
+analysis' layer pass on both backends) and N given in any order. Random inputs never reach these
+cells (docs/theory.md, Lemma 3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tl_geometry.adapters import LayerAttention
+from tl_geometry.config import RunConfig
+from tl_geometry.layer_measures import measure_layer
+from tl_geometry.metrics import separability
+from tl_geometry.regime import sink_aware_bounds
+
+NEIGHBOURS = 3  # floats checked on each side of the switch
+
+
+def _causal(last_row: np.ndarray) -> np.ndarray:
+    """A causal pattern whose earlier rows are uniform and whose last row is ``last_row``."""
+    n = last_row.shape[0]
+    rows = [np.r_[np.full(t + 1, 1.0 / (t + 1)), np.zeros(n - t - 1)] for t in range(n - 1)]
+    return np.stack(rows + [last_row])
+
+
+def sink_beside_orthogonal(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Orthonormal e1, e2 (norm 1, μ = 0) and a short sink (norm 0.5) with cos −0.6 to both; the
+    sink and e1 selected (weights 0.7 − x and 0.3), e2 unselected with weight x: D_2² crosses
+    max(D_0², D_1²) as x grows (Lemma 2 attained: one sink product, no non-sink pair in play)."""
+    beta, c0 = -0.6, 0.5
+    v = np.array([[c0 * beta, c0 * beta, c0 * math.sqrt(1 - 2 * beta**2)], [1.0, 0, 0], [0, 1.0, 0]])
+    return _causal(np.array([0.7 - x, 0.3, x])), v, 2
+
+
+def coherent_triple(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Unit values i, i' with cos −0.4 and j with cos +0.4 to both (every |cos| = μ = 0.4), the sink
+    orthogonal to them: i, i' selected (weights 0.4 each), j unselected with weight x. With
+    Lemma 2 attained (⟨v_j, s⟩ = μW, ‖s‖² = Q − μ(W² − Q)), D_j² crosses D_i² = 0.16 near x = 0.0547."""
+    mu = 0.4
+    p, q = math.sqrt((1 + mu) / 2), math.sqrt((1 - mu) / 2)
+    y = mu / q
+    v = np.array([[0, 0, 0, 0.7], [p, q, 0, 0], [-p, q, 0, 0], [0, y, math.sqrt(1 - y * y), 0]])
+    return _causal(np.array([1 - 0.8 - x, 0.4, 0.4, x])), v, 2
+
+
+def duplicate_of_the_sink(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """The sink x·e1 beside the value e1, equal weights, N = 1 (the sink wins the tie): the other
+    source sits at D² = (1 − x)²/4 from the selected one, 0 at x = 1, where the measurement's
+    clamp of a negative computed D² decides P (0.5) and R (0)."""
+    v = np.array([[x, 0.0], [1.0, 0.0]])
+    return _causal(np.array([0.5, 0.5])), v, 1
+
+
+# family: (inputs, lo, hi, far): the measurement switches between lo and hi; at far the
+# certificate proves exactly what is measured (the family is tight, so the test can fail).
+FAMILIES = {
+    "sink_beside_orthogonal": (sink_beside_orthogonal, 0.01, 0.2, 0.2),
+    "coherent_triple": (coherent_triple, 0.01, 0.1, 0.01),
+    "duplicate_of_the_sink": (duplicate_of_the_sink, 0.5, 1.0, 0.5),
+}
+
+
+def _tensors(family, x, pattern_dtype, value_dtype):
+    pattern, v, n = family(x)
+    return (torch.tensor(pattern, dtype=pattern_dtype)[None, None],
+            torch.tensor(v, dtype=value_dtype)[None, :, None], n)
+
+
+def _ns(n):
+    """The family's N among others, in no particular order."""
+    return (3, n, 1) if n != 1 else (2, 1)
+
+
+def _public(pattern, v, n, backend, **options):
+    """(P, R, P̲, R̲) of the last query from the public functions, ``[len(n)]`` each."""
+    ns = _ns(n)
+    sep = separability(pattern, v, ns, queries="last", backend=backend, **options)
+    bound = sink_aware_bounds(pattern, v, ns, queries="last", **options)
+    return sep.precision.flatten(), sep.recall.flatten(), bound.precision.flatten(), bound.recall.flatten()
+
+
+def _layer(pattern, v, n, backend, ranking="attention", exclude_sink=False):
+    """The same from the analysis' layer pass."""
+    mask = torch.ones(1, pattern.shape[-1], dtype=torch.bool)
+    att = LayerAttention(layer=0, pattern=pattern, kv_values=v, key_mask=mask, query_mask=mask.clone(),
+                         has_bos=torch.ones(1, dtype=torch.bool))
+    config = RunConfig(n=_ns(n), ranking=ranking, exclude_sink=exclude_sink)
+    q = measure_layer(att, config, None, backend=backend).per_query
+    return tuple(q[name].flatten() for name in ("precision_top", "recall_top", "precision_bound", "recall_bound"))
+
+
+ROUTES = {
+    "separability_numba": lambda p, v, n, **o: _public(p, v, n, "numba", **o),
+    "separability_torch": lambda p, v, n, **o: _public(p, v, n, "torch", **o),
+    "layer_fused": lambda p, v, n, **o: _layer(p, v, n, "fused", **o),
+    "layer_torch": lambda p, v, n, **o: _layer(p, v, n, "torch", **o),
+}
+
+
+def _at_n(x: torch.Tensor, n: int) -> float:
+    """The entry of ``x`` ``[len(_ns(n))]`` that belongs to the family's own N."""
+    return float(x[_ns(n).index(n)])
+
+
+def _bits(x: float, dtype: torch.dtype) -> int:
+    return int(torch.tensor(x, dtype=dtype).view(torch.int32 if dtype == torch.float32 else torch.int64))
+
+
+def _float(bits: int, dtype: torch.dtype) -> float:
+    return float(torch.tensor(bits, dtype=torch.int32 if dtype == torch.float32 else torch.int64).view(dtype))
+
+
+def bisect_switch(measured, lo: float, hi: float, dtype: torch.dtype) -> tuple[int, int]:
+    """Bit patterns of the adjacent positive ``dtype`` floats between ``lo`` and ``hi`` where
+    ``measured(x)`` changes (it must differ at ``lo`` and ``hi``)."""
+    a, b = _bits(lo, dtype), _bits(hi, dtype)
+    at_a = measured(_float(a, dtype))
+    assert at_a != measured(_float(b, dtype)), "the family does not switch on this interval"
+    while b - a > 1:
+        mid = (a + b) // 2
+        if measured(_float(mid, dtype)) == at_a:
+            a = mid
+        else:
+            b = mid
+    return a, b
+
+
+def _check(route, family, x, pattern_dtype, value_dtype, options):
+    pattern, v, n = _tensors(family, x, pattern_dtype, value_dtype)
+    p, r, p_low, r_low = route(pattern, v, n, **options)
+    defined = ~torch.isnan(p)
+    assert torch.equal(defined, ~torch.isnan(p_low))
+    assert (p_low[defined] <= p[defined]).all() and (r_low[defined] <= r[defined]).all(), (
+        f"certificate above the measurement at x = {x!r}: P {p.tolist()} R {r.tolist()} "
+        f"P̲ {p_low.tolist()} R̲ {r_low.tolist()}")
+    return p, r, p_low, r_low
+
+
+DTYPES = {"float32": (torch.float32, torch.float32), "float64": (torch.float64, torch.float64),
+          "mixed": (torch.float32, torch.float64)}
+OPTIONS = {"attention": {}, "contribution": {"ranking": "contribution"}}
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+@pytest.mark.parametrize("dtypes", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("route", ROUTES.keys())
+@pytest.mark.parametrize("name", FAMILIES.keys())
+def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes, options):
+    family, lo, hi, far = FAMILIES[name]
+    pattern_dtype, value_dtype = dtypes
+    work = torch.promote_types(pattern_dtype, value_dtype)
+    measure = ROUTES[route]
+
+    n = family(far)[2]
+
+    def measured(x):
+        p, r, _, _ = measure(*_tensors(family, x, pattern_dtype, value_dtype), **options)
+        return _at_n(p, n), _at_n(r, n)
+
+    # The family is tight: away from the switch the certificate proves what is measured.
+    p, r, p_low, r_low = _check(measure, family, far, pattern_dtype, value_dtype, options)
+    assert (_at_n(p_low, n), _at_n(r_low, n)) == (_at_n(p, n), _at_n(r, n)) == (1.0, 1.0)
+    a, b = bisect_switch(measured, lo, hi, work)
+    for bits in range(a - NEIGHBOURS, b + NEIGHBOURS + 1):
+        _check(measure, family, _float(bits, work), pattern_dtype, value_dtype, options)
+
+
+@pytest.mark.parametrize("route", ROUTES.keys())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_certificates_hold_at_the_switch_with_the_sink_excluded(route, dtype):
+    # the coherent triple does not involve the sink: without it the theorem is still attained
+    measure = ROUTES[route]
+    options = {"exclude_sink": True}
+
+    def measured(x):
+        p, r, _, _ = measure(*_tensors(coherent_triple, x, dtype, dtype), **options)
+        return _at_n(p, 2), _at_n(r, 2)
+
+    p, r, p_low, r_low = _check(measure, coherent_triple, 0.01, dtype, dtype, options)
+    assert (_at_n(p_low, 2), _at_n(r_low, 2)) == (_at_n(p, 2), _at_n(r, 2)) == (1.0, 1.0)
+    a, b = bisect_switch(measured, 0.01, 0.1, dtype)
+    for bits in range(a - NEIGHBOURS, b + NEIGHBOURS + 1):
+        _check(measure, coherent_triple, _float(bits, dtype), dtype, dtype, options)
