@@ -6,9 +6,10 @@ signed alignment to the non-sink directions. :func:`fit_regime` measures each of
 value vectors, so whether a head is in the regime is part of the output.
 
 :func:`sink_aware_bounds` evaluates the bounds proved in ``docs/theory.md``. For a query ``t``
-they use the tightest parameters that satisfy the assumptions on its visible sources ``0..t``
-(norm envelope ``[c_lo, c_hi]``, coherence ``μ = max |cos|`` over non-sink pairs, sink
-alignment range ``[β_lo, β_hi]``, sink norm ``c_0``), so they are certificates on every input:
+they use the tightest Gram bounds on its visible sources ``0..t`` (:func:`certificate_table`:
+the range of the non-sink ``‖v_j‖²``, the coherence ``μ = max |cos|`` over non-sink pairs, the
+range of the sink's products ``⟨v_0, v_j⟩``, ``‖v_0‖²``), evaluated in float64 with the slacks of
+Lemma 3, so they are certificates of the computed measurement on every input, to the last ulp:
 ``precision ≥ bound.precision`` and ``recall ≥ bound.recall`` always hold (Euclidean distance).
 
 Example:
