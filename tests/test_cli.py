@@ -19,7 +19,22 @@ def _finished(folder):
 
 def _interrupted(folder):
     folder.mkdir()
+    (folder / ".tl-geometry").write_text("{}")
     (folder / "checkpoint.safetensors").write_text("an earlier run's state")
+
+
+def _foreign(folder):
+    """A user's own folder that happens to hold files with tl-geometry's names."""
+    folder.mkdir()
+    (folder / "settings.json").write_text("mine")
+    (folder / "drilldown_mine.json").write_text("{}")
+
+
+def _saving_interrupted(folder):
+    """A run stopped between its result files: the marker and one result, no manifest."""
+    folder.mkdir()
+    (folder / ".tl-geometry").write_text("{}")
+    (folder / "geometry.safetensors").write_text("half of a run")
 
 
 def _corpus(name, data: bytes):
@@ -53,6 +68,15 @@ CASES = {
     "report of a garbage result": (["report", "{dir}"], _finished, "cannot read"),
     "prune of a garbage result": (["prune", "{dir}"], _finished, "cannot read"),
     "prune with --windows 0": (["prune", "{dir}", "--windows", "0"], _finished, "--windows must be ≥ 1"),
+    "a foreign folder": (["analyze", "--out", "{dir}"], _foreign, "not empty and was not written by tl-geometry"),
+    "a foreign folder, --overwrite": (["analyze", "--out", "{dir}", "--overwrite"], _foreign,
+                                      "--overwrite never replaces files tl-geometry did not write"),
+    "--out is a file": (["analyze", "--out", "{dir}/c.txt"], _corpus("c.txt", b"text"), "is a file, not a folder"),
+    "interrupted while saving": (["analyze", "--out", "{dir}"], _saving_interrupted,
+                                 "interrupted while saving its results: rerun the same command with --resume"),
+    "report of a run interrupted while saving": (["report", "{dir}"], _saving_interrupted,
+                                                 "interrupted while saving its results"),
+    "compare a run with itself": (["compare", "{dir}", "{dir}"], _finished, "are the same run folder"),
 }
 
 

@@ -103,3 +103,16 @@ def test_cli_compare_prints_kappa_and_writes_a_page_and_a_table(pair, tmp_path, 
         assert len(re.findall("js-plotly-plot", dom.stdout)) >= 7  # every figure rendered
         errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "Uncaught" in line]
         assert not errors, errors
+
+
+def test_runs_with_no_n_in_common_compare_by_label(tmp_path):
+    model = tiny_model(4, 2)
+    a = tlg.analyze(model, random_tokens(3, 12, seed=1), (1, 2), repeats=1, progress=False, bootstrap=10)
+    b = tlg.analyze(model, random_tokens(3, 12, seed=2), (4, 8), repeats=1, progress=False, bootstrap=10)
+    comparison = tlg.compare(a, b, names=("a", "b"))
+    assert comparison.n == () and len(comparison.changed_heads(top=5)) == 5
+    for name, analysis in (("A", a), ("B", b)):
+        RunFolder(tmp_path / name).write_analysis(analysis, {}, {})
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--out", str(out)]) == 0
+    assert (out / "compare.csv").is_file() and (out / "compare.html").is_file()

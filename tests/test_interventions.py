@@ -217,3 +217,24 @@ def test_ablate_regime_and_bad_input(tiny_model):
     with pytest.raises(ValueError, match="mode must be"):
         ablate_heads(tiny_model, [(0, 0)], mode="nope")
     assert tlg.IMPORTANCE_METHODS == ("magnitude", "entropy", "gradient", "random", "taxonomy")
+
+
+def test_entering_the_same_ablation_twice_is_refused_and_leaks_nothing(tiny_model):
+    tokens = random_tokens(2, 8)
+    clean = _logits(tiny_model, tokens)
+    ablation = ablate_heads(tiny_model, [(1, 3)])
+    with ablation:
+        with pytest.raises(tlg.TLGeometryError, match="already active"):
+            with ablation:
+                pass
+    assert torch.equal(_logits(tiny_model, tokens), clean)  # every hook gone after the block
+    with ablation:  # and it can be entered again afterwards
+        assert not torch.equal(_logits(tiny_model, tokens), clean)
+    assert torch.equal(_logits(tiny_model, tokens), clean)
+
+
+def test_another_models_taxonomy_is_refused(tiny_model):
+    layers, heads = tiny_model.cfg.n_layers, tiny_model.cfg.n_heads
+    other = HeadTaxonomy.from_votes(torch.ones(layers + 1, heads, 3, dtype=torch.long), settings={"model": "other"})
+    with pytest.raises(tlg.TLGeometryError, match=rf"{layers + 1}×{heads} heads \(model 'other'\).*{layers}×{heads}"):
+        ablate_regime(tiny_model, other, "reset")

@@ -89,3 +89,86 @@ def test_malformed_derived_table_is_one_clear_error(tmp_path, two_analyses):
     run.write_derived("pruning.csv", pd.DataFrame({"something": [1]}), run_id)
     with pytest.raises(TLGeometryError, match="pruning.csv lacks the columns method, retention"):
         run.read_derived(run_id)
+
+
+def test_overwrite_removes_only_what_tl_geometry_wrote(tmp_path, two_analyses):
+    first, second = two_analyses
+    run = RunFolder(tmp_path / "run")
+    run.create()
+    first_id = run.write_analysis(first, {}, {"mixer": "{}"})
+    run.write_derived("pruning.csv", PRUNING, first_id)
+    (run.path / "drilldown_mine.json").write_text("the user's own figure")
+    (run.path / "notes.txt").write_text("the user's notes")
+    run.write_analysis(second, {}, {})
+    assert not (run.path / "pruning.csv").exists() and not (run.path / "drilldown_mixer.json").exists()
+    assert (run.path / "drilldown_mine.json").read_text() == "the user's own figure"
+    assert (run.path / "notes.txt").read_text() == "the user's notes"
+
+
+def test_a_foreign_folder_is_refused_before_anything_changes(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "settings.json").write_text("mine")
+    before = snapshot(folder)
+    for overwrite in (False, True):
+        with pytest.raises(TLGeometryError, match="not empty and was not written by tl-geometry"):
+            RunFolder(folder).check_new_analysis(overwrite=overwrite, resume=False)
+    assert snapshot(folder) == before
+    RunFolder(tmp_path / "empty").check_new_analysis(overwrite=False, resume=False)  # new folders are fine
+    (tmp_path / "empty").mkdir()
+    RunFolder(tmp_path / "empty").check_new_analysis(overwrite=False, resume=False)  # and empty ones
+
+
+def test_the_manifest_comes_last_and_readers_check_it(tmp_path, two_analyses, monkeypatch):
+    first, second = two_analyses
+    run = RunFolder(tmp_path / "run")
+    run.write_analysis(first, {}, {})
+    assert run.is_finished and not run.is_interrupted
+    run.verify()
+    # A crash between the two result files: no manifest, so not finished; readers say so.
+    from tl_geometry.taxonomy import HeadTaxonomy
+
+    def crash(self, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(HeadTaxonomy, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run.write_analysis(second, {}, {})
+    monkeypatch.undo()
+    assert run.is_interrupted and not run.is_finished
+    for read in (run.read_analysis, lambda: tlg.Analysis.load(run.path)):
+        with pytest.raises(TLGeometryError, match="interrupted while saving.*--resume"):
+            read()
+    with pytest.raises(TLGeometryError, match="interrupted while saving.*--resume"):
+        run.check_new_analysis(overwrite=False, resume=False)
+    run.check_new_analysis(overwrite=False, resume=True)
+    run.write_analysis(second, {}, {})  # the rerun repairs it
+    run.verify()
+    # A result changed after the run wrote it (same size): its checksum says so.
+    data = bytearray(run.taxonomy.read_bytes())
+    data[-1] ^= 1
+    run.taxonomy.write_bytes(bytes(data))
+    with pytest.raises(TLGeometryError, match="cannot read .*taxonomy.safetensors.*checksum"):
+        run.read_analysis()
+
+
+def test_one_writer_at_a_time(tmp_path):
+    run = RunFolder(tmp_path / "run")
+    with run.writing():
+        with pytest.raises(TLGeometryError, match=r"is being written by tl-geometry pid \d+"):
+            with RunFolder(tmp_path / "run").writing():
+                pass
+    with run.writing():  # released on leaving: the next writer gets it
+        pass
+
+
+def test_a_dead_writer_leaves_no_lock(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("from tl_geometry.run_folder import RunFolder; import os\n"
+            f"w = RunFolder({str(tmp_path / 'run')!r}).writing(); w.__enter__(); os._exit(1)")
+    subprocess.run([sys.executable, "-c", code], check=False)
+    assert (tmp_path / "run" / ".tl-geometry.lock").read_text().startswith("tl-geometry pid")
+    with RunFolder(tmp_path / "run").writing():  # the dead process's lock went with it
+        pass

@@ -102,7 +102,12 @@ class Analysis:
 
     @classmethod
     def load(cls, folder: str | Path) -> Analysis:
+        from .run_folder import RunFolder
+
         folder = Path(folder)
+        run = RunFolder(folder)
+        if run.is_owned:  # a run folder: only a finished analysis whose files match its manifest
+            run.verify()
         return cls(GeometryResult.load(folder / "geometry.safetensors"), HeadTaxonomy.load(folder / "taxonomy.safetensors"))
 
 

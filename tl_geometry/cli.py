@@ -11,6 +11,7 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -119,6 +120,17 @@ def _model_options(args: argparse.Namespace) -> dict:
     return options
 
 
+def _default_out(args: argparse.Namespace) -> str:
+    """``runs/<model>-<corpus>``, plus what sets this run apart from the defaults (dtype, window
+    length, queries, seed), so runs with other settings do not meet in one folder."""
+    name = f"{Path(str(args.model)).name}-{Path(str(args.corpus)).stem}"
+    extras = [args.dtype if args.dtype != "float32" else "",
+              f"len{args.seq_len}" if args.seq_len != PROTOCOLS["default"]["seq_len"] else "",
+              f"{args.queries}-queries" if args.queries != "last" else "",
+              f"seed{args.seed}" if args.seed != 0 else ""]
+    return "runs/" + "-".join([name, *(extra for extra in extras if extra)])
+
+
 def _analyze(args: argparse.Namespace) -> None:
     from .adapters import describe_model
     from .analysis import analyze
@@ -140,7 +152,7 @@ def _analyze(args: argparse.Namespace) -> None:
         raise TLGeometryError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: every N must be < the "
                               "number of sources (lower --n or raise --seq-len)")
     config = RunConfig(n=ns, queries=args.queries, repeats=_parse_repeats(args.repeats), seed=args.seed)
-    run = RunFolder(args.out or f"runs/{args.model}-{Path(str(args.corpus)).stem}")
+    run = RunFolder(args.out or _default_out(args))
     rank, world_size = init_from_env()  # under torchrun: windows are sharded over the ranks
     if rank > 0:
         args.quiet = True
@@ -155,43 +167,45 @@ def _analyze(args: argparse.Namespace) -> None:
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} documents too short)")
-    # The inputs are valid: only now may an earlier run's checkpoint go.
-    own_checkpoint = shard_path(run.checkpoint, rank, world_size)
-    if args.resume and not own_checkpoint.is_file():
-        say(f"no checkpoint in {run.path}: starting from the first window")
-    run.create()
-    if not args.resume and run.drop_stale_checkpoint(rank, world_size):
-        say(f"removed the checkpoint of an earlier interrupted run in {run.path} (pass --resume to continue one)")
-    started = time.perf_counter()
-    analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=run.checkpoint,
-                       progress=not args.quiet)
-    say(f"analysed {windows.tokens.numel()} tokens at {windows.tokens.numel() / (time.perf_counter() - started):.0f} "
-        "tokens/s (model forward included)")
-    if rank > 0:  # rank 0 writes the results and the report
+    # The inputs are valid: from here one process writes the folder (rank 0 holds its lock).
+    with run.writing() if rank == 0 else contextlib.nullcontext():
+        run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)  # again, under the lock
+        own_checkpoint = shard_path(run.checkpoint, rank, world_size)
+        if args.resume and not own_checkpoint.is_file():
+            say(f"no checkpoint in {run.path}: starting from the first window")
+        run.create()
+        if not args.resume and run.drop_stale_checkpoint(rank, world_size):
+            say(f"removed the checkpoint of an earlier interrupted run in {run.path} (pass --resume to continue one)")
+        started = time.perf_counter()
+        analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=run.checkpoint,
+                           progress=not args.quiet)
+        say(f"analysed {windows.tokens.numel()} tokens at {windows.tokens.numel() / (time.perf_counter() - started):.0f} "
+            "tokens/s (model forward included)")
+        if rank > 0:  # rank 0 writes the results and the report
+            own_checkpoint.unlink(missing_ok=True)
+            return
+        result = analysis.geometry
+        for settings in (result.settings, analysis.taxonomy.settings):
+            settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size,
+                            protocol=args.protocol)
+        run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
+        report = _write_report(run, say)
         own_checkpoint.unlink(missing_ok=True)
-        return
-    result = analysis.geometry
-    for settings in (result.settings, analysis.taxonomy.settings):
-        settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size,
-                        protocol=args.protocol)
-    run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
-    report = _write_report(run, say)
-    own_checkpoint.unlink(missing_ok=True)
-    summary = result.summary()
-    say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
-    for row in summary.itertuples():
-        say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
-            f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
-    if any(row.n == 1 and abs(row.gap) > 0 for row in summary.itertuples()):
-        say("  N=1 gap above 0: some contributions coincide (a random pick among them scores F = 0; in float16, "
-            "weights that underflow to 0 put their sources at the origin): docs/metrics.md#separability")
-    for reason in result.not_measurable():
-        say(f"  NaN means {reason}")
-    overall = analysis.taxonomy.fractions().iloc[-1]
-    say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
-    say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
-        "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
-    print(report.resolve())
+        summary = result.summary()
+        say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
+        for row in summary.itertuples():
+            say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
+                f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
+        if any(row.n == 1 and abs(row.gap) > 0 for row in summary.itertuples()):
+            say("  N=1 gap above 0: some contributions coincide (a random pick among them scores F = 0; in float16, "
+                "weights that underflow to 0 put their sources at the origin): docs/metrics.md#separability")
+        for reason in result.not_measurable():
+            say(f"  NaN means {reason}")
+        overall = analysis.taxonomy.fractions().iloc[-1]
+        say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
+        say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
+            "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
+        print(report.resolve())
 
 
 def _prune(args: argparse.Namespace) -> None:
@@ -228,47 +242,66 @@ def _prune(args: argparse.Namespace) -> None:
     importances = {m: head_importance(model, held[: max(1, args.windows // 2)], m, taxonomy=analysis.taxonomy)
                    for m in IMPORTANCE_METHODS}
     evaluation = held[args.windows // 2:] if args.windows > 1 else held
-    curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)
-    path = run.write_derived("pruning.csv", curve, run_id)
-    say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {path}")
-    scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
-    scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=not args.quiet)
-    run.write_scan(scan, run_id)
-    run.write_topn([topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
-                    for renormalise in (False, True)], run_id)
-    run.scan_checkpoint.unlink(missing_ok=True)
-    report = _write_report(run, say)
-    say(f"done in {time.perf_counter() - start:.0f}s")
-    print(report.resolve())
+    with run.writing():  # one writer: another prune or analysis of this folder is refused
+        run.verify()  # the analysis is still the one the tables are computed from
+        curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)
+        path = run.write_derived("pruning.csv", curve, run_id)
+        say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {path}")
+        scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
+        scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=not args.quiet)
+        run.write_scan(scan, run_id)
+        run.write_topn([topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
+                        for renormalise in (False, True)], run_id)
+        run.scan_checkpoint.unlink(missing_ok=True)
+        report = _write_report(run, say)
+        say(f"done in {time.perf_counter() - start:.0f}s")
+        print(report.resolve())
 
 
 def _report(args: argparse.Namespace) -> None:
-    print(_write_report(RunFolder(args.run), lambda *a: print(*a, file=sys.stderr)).resolve())
+    run = RunFolder(args.run)
+    run.read_report_extras(run.read_analysis())  # a finished run with readable tables, before anything is written
+    run.check_writable()
+    with run.writing():
+        print(_write_report(run, lambda *a: print(*a, file=sys.stderr)).resolve())
 
 
 def _compare(args: argparse.Namespace) -> None:
     from .compare import compare
-    from .report import write_comparison
+    from .report import build_comparison
 
     runs = [RunFolder(path) for path in (args.run_a, args.run_b)]
-    names = [run.path.resolve().name for run in runs]
-    if names[0] == names[1]:
-        names = [str(run.path) for run in runs]
+    resolved = [run.path.resolve() for run in runs]
+    if resolved[0] == resolved[1]:
+        raise TLGeometryError(f"{args.run_a!r} and {args.run_b!r} are the same run folder: compare two different runs")
+    names = [path.name for path in resolved]
+    if names[0] == names[1]:  # same folder name in two places: name each by its parent too (no path separators)
+        names = [f"{path.parent.name}-{path.name}" for path in resolved]
+        if names[0] == names[1]:
+            names = [f"{name}-{i}" for i, name in enumerate(names, 1)]
     out = RunFolder(args.out or f"runs/compare-{names[0]}-vs-{names[1]}")
     page, table = out.path / "compare.html", out.path / "compare.csv"
-    if not args.overwrite and (page.exists() or table.exists()):
+    if not args.overwrite and page.exists() and table.exists():  # one alone: an interrupted comparison
         raise TLGeometryError(f"{out.path} already holds a comparison: pass --overwrite to replace it, or choose "
                               "another --out")
     analyses = [run.read_analysis() for run in runs]
     out.check_writable()
+    foreign = [name for name in out._foreign_files() if name not in ("compare.html", "compare.csv")]
+    if foreign:
+        raise TLGeometryError(f"{str(out.path)!r} is not empty and was not written by tl-geometry: choose another --out")
     comparison = compare(*analyses, names=(names[0], names[1]))
+    frame = comparison.to_dataframe() if comparison.head_by_head else comparison.curves()
     for line in comparison.summary_lines():
         print(line)
-    out.create()
-    frame = comparison.to_dataframe() if comparison.head_by_head else comparison.curves()
-    with atomic_path(table) as tmp:
-        frame.to_csv(tmp, index=False)
-    print(write_comparison(comparison, page).resolve())
+    # Both outputs are computed before either is written, and each is written atomically: a
+    # failed or interrupted comparison leaves nothing that blocks its rerun.
+    html = build_comparison(comparison)
+    with out.writing():
+        with atomic_path(table) as tmp:
+            frame.to_csv(tmp, index=False)
+        with atomic_path(page) as tmp:
+            tmp.write_text(html, encoding="utf-8")
+    print(page.resolve())
 
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:

@@ -112,8 +112,8 @@ class Comparison:
         """The heads that changed most: those whose label changed first, then by the largest
         ``|Δ gap|`` at the first shared N > 1 (a DataFrame of at most ``top`` rows)."""
         frame = self.to_dataframe()
-        n = next((x for x in self.n if x > 1), self.n[0])
-        size = frame[f"delta_gap@{n}"].abs().fillna(0)
+        n = next((x for x in self.n if x > 1), self.n[0] if self.n else None)
+        size = frame[f"delta_gap@{n}"].abs().fillna(0) if n is not None else 0.0  # no N in common: labels only
         return frame.assign(size=size).sort_values(["changed", "size"], ascending=False).drop(columns="size").head(top)
 
     def summary_lines(self) -> list[str]:

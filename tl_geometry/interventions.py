@@ -51,6 +51,9 @@ class HeadAblation:
         self._handles: list = []
 
     def __enter__(self) -> HeadAblation:
+        if self._handles:  # a second entry would replace the handles of the first: a hook would stay
+            raise TLGeometryError(f"{self!r} is already active: leave its with-block first, or build a second "
+                                  "ablation with ablate_heads / ablate_regime to nest one.")
         self._handles = add_hooks(self.model, self.fwd_hooks)
         return self
 
@@ -156,7 +159,14 @@ def ablate_regime(
     reference_tokens: Tensor | None = None,
     reference_mask: Tensor | None = None,
 ) -> HeadAblation:
-    """Ablate every head of ``regime`` (``"retriever" | "mixer" | "reset"``), or a seeded random ``k`` of them."""
+    """Ablate every head of ``regime`` (``"retriever" | "mixer" | "reset"``), or a seeded random ``k`` of them.
+    The taxonomy must have the model's grid of heads (another model's taxonomy is refused)."""
+    info = describe_model(model)
+    if tuple(taxonomy.shape) != (info.n_layers, info.n_heads):
+        raise TLGeometryError(
+            f"the taxonomy has {taxonomy.shape[0]}×{taxonomy.shape[1]} heads (model "
+            f"{taxonomy.settings.get('model', '?')!r}) but this model has {info.n_layers}×{info.n_heads}: "
+            "use the taxonomy of an analysis of this model.")
     heads = taxonomy.heads(regime)
     if k is not None:
         if not 0 <= k <= len(heads):

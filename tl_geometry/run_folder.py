@@ -11,8 +11,16 @@ A run folder holds one analysis and what was derived from it::
     pruning.csv, single_head_scan.csv, topn.csv, scan_checkpoint.json   from ``tl-geometry prune``
     derived.json                  the run_id each derived table was computed from
     report.html
+    manifest.json                 every result file of the analysis with its size and SHA-256, written last
+    .tl-geometry                  the marker: tl-geometry owns this folder (written first)
+    .tl-geometry.lock             held (flock) by the one process writing to the folder
 
-Every file is written atomically. A finished analysis is replaced only on request
+Every file is written atomically. A run writes only into a new or empty folder, a folder it
+marked as its own, or a run folder written before markers existed; any other non-empty folder
+is refused, ``overwrite`` included, and ``overwrite`` deletes only files tl-geometry wrote. One
+process writes at a time (:meth:`RunFolder.writing`). An analysis is finished only once its
+manifest is written, after every result; readers check the manifest, so a folder interrupted
+while saving is never taken for a finished one. A finished analysis is replaced only on request
 (``overwrite``), and then the tables derived from the old one go with it; the report reads a
 derived table only when ``derived.json`` says it belongs to the analysis beside it, so it never
 mixes the results of two analyses.
@@ -20,9 +28,15 @@ mixes the results of two analyses.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import socket
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +61,23 @@ DERIVED_TABLES = {
     "single_head_scan.csv": ("layer", "head", "name", "delta_nll"),
     "topn.csv": ("n", "delta_nll", "renormalise"),
 }
+
+
+MARKER = ".tl-geometry"
+LOCK = ".tl-geometry.lock"
+MANIFEST = "manifest.json"
+# Files of a finished analysis that the manifest vouches for (drill-downs are added by name).
+RESULT_FILES = ("geometry.safetensors", "taxonomy.safetensors", "settings.json", "heads.csv", "summary.csv")
+# Regimes whose drill-down figures a run writes (drilldown_<regime>.json).
+_DRILLDOWN_REGIMES = ("retriever", "mixer", "reset")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -87,18 +118,117 @@ class RunFolder:
     def derived_manifest(self) -> Path:
         return self.path / "derived.json"
 
+    @property
+    def manifest(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def marker(self) -> Path:
+        return self.path / MARKER
+
     def drilldown(self, regime: str) -> Path:
         return self.path / f"drilldown_{regime}.json"
 
     @property
+    def is_owned(self) -> bool:
+        """Whether tl-geometry marked this folder as its own."""
+        return self.marker.is_file()
+
+    @property
+    def _has_results(self) -> bool:
+        return self.geometry.is_file() or self.taxonomy.is_file()
+
+    @property
+    def is_legacy(self) -> bool:
+        """A finished run folder written before markers and manifests (it still loads)."""
+        return not self.is_owned and self.geometry.is_file() and self.taxonomy.is_file()
+
+    @property
     def is_finished(self) -> bool:
-        """Whether the folder holds a finished analysis."""
-        return self.geometry.is_file() and self.taxonomy.is_file()
+        """Whether the folder holds a finished analysis: its manifest is there (a legacy folder:
+        both result files). :meth:`verify` checks the files against it."""
+        return self.is_legacy or bool(self._manifest_files())
+
+    @property
+    def is_interrupted(self) -> bool:
+        """Results were being written when the run stopped: some are there, the manifest is not."""
+        return self.is_owned and self._has_results and not self.is_finished
+
+    def _manifest_files(self) -> dict[str, dict[str, Any]]:
+        try:
+            manifest = json.loads(self.manifest.read_text(encoding="utf-8"))
+            files = manifest["files"]
+            if isinstance(files, dict) and all(isinstance(e, dict) and isinstance(e.get("bytes"), int)
+                                               and isinstance(e.get("sha256"), str) for e in files.values()):
+                return files
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return {}
+
+    def verify(self) -> None:
+        """Raise a :class:`TLGeometryError` unless the folder holds a finished analysis whose files
+        match their manifest (sizes and SHA-256)."""
+        if self.is_legacy:
+            return
+        if self.is_interrupted:
+            raise TLGeometryError(f"{str(self.path)!r} was interrupted while saving its results: rerun the same "
+                                  "tl-geometry analyze command with --resume")
+        if not self.is_finished:
+            raise TLGeometryError(f"{str(self.path)!r} is not a finished run folder (no geometry/taxonomy results): "
+                                  "run tl-geometry analyze first")
+        for name, entry in self._manifest_files().items():
+            path = self.path / name
+            if not path.is_file() or path.stat().st_size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+                raise TLGeometryError(f"cannot read {path} (missing, or its size or checksum differs from "
+                                      "manifest.json: damaged or changed after the run wrote it): rerun tl-geometry "
+                                      "analyze with --overwrite")
+
+    def _foreign_files(self) -> list[str]:
+        """Names in an existing folder that make it someone else's: any file when the folder is
+        neither marked as tl-geometry's nor a legacy run folder."""
+        if not self.path.is_dir() or self.is_owned or self.is_legacy:
+            return []
+        return sorted(p.name for p in self.path.iterdir())
+
+    # ----- one writer ---------------------------------------------------------------------------
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold the folder's lock while writing (creates the folder and its marker): a second
+        process is refused with one line naming the first. The lock is an ``flock`` on
+        ``.tl-geometry.lock``, so a process that dies releases it with its file descriptors."""
+        self.create()
+        lock = self.path / LOCK
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+                raise TLGeometryError(f"{str(self.path)!r} is being written by {holder}: wait for it to finish, "
+                                      "or choose another --out") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"tl-geometry pid {os.getpid()} on {socket.gethostname()} since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     # ----- before an analysis -------------------------------------------------------------------
     def check_new_analysis(self, *, overwrite: bool, resume: bool) -> None:
         """Refuse to replace a finished analysis without ``overwrite``, or to resume one that has
-        no checkpoint; check that the folder can be written. Changes nothing on disk."""
+        no checkpoint; refuse a folder that is not tl-geometry's; check that the folder can be
+        written. Changes nothing on disk."""
+        if self.path.exists() and not self.path.is_dir():
+            raise TLGeometryError(f"output folder {str(self.path)!r} is a file, not a folder: choose another --out")
+        foreign = self._foreign_files()
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+            raise TLGeometryError(f"{str(self.path)!r} is not empty and was not written by tl-geometry ({shown}): "
+                                  "choose another --out (a new or empty folder); --overwrite never replaces "
+                                  "files tl-geometry did not write")
+        if self.is_interrupted and not (resume or overwrite):
+            raise TLGeometryError(f"{str(self.path)!r} was interrupted while saving its results: rerun the same "
+                                  "command with --resume (or --overwrite to start again)")
         if resume and not self.checkpoint.is_file() and self.is_finished:
             raise TLGeometryError(f"{self.path} holds a finished analysis and no checkpoint: nothing to resume "
                                   "(pass --overwrite instead of --resume to replace it)")
@@ -117,11 +247,15 @@ class RunFolder:
             raise TLGeometryError(f"output folder {str(self.path)!r} cannot be written: {str(existing)!r} {what}")
 
     def create(self) -> None:
-        """Create the folder (once the run's inputs are valid: failed runs leave no empty folder)."""
+        """Create the folder and its marker (once the run's inputs are valid: failed runs leave no
+        empty folder)."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            if not self.marker.is_file():
+                self._write_text(self.marker, json.dumps({"tool": "tl-geometry", "layout": 1}))
         except OSError as exc:
-            raise TLGeometryError(f"cannot create output folder {str(self.path)!r} ({exc.strerror})") from None
+            raise TLGeometryError(f"cannot create output folder {str(self.path)!r} ({exc.strerror}): check the "
+                                  "path and its permissions, or choose another --out") from None
 
     def drop_stale_checkpoint(self, rank: int = 0, world_size: int = 1) -> bool:
         """Remove this process's checkpoint of an earlier interrupted run (call once the new run's
@@ -137,35 +271,43 @@ class RunFolder:
     # ----- the analysis -------------------------------------------------------------------------
     def write_analysis(self, analysis: Analysis, settings: dict[str, Any], drilldowns: dict[str, str]) -> str:
         """Write a finished analysis with its tables and drill-down figures (JSON by regime) and
-        return its new run_id. Tables derived from a previous analysis in this folder are removed
-        (their manifest first, so they are never attributed to the new one)."""
+        return its new run_id. The manifest goes first and comes back last, so a run stopped
+        while saving is never taken for a finished one. Files tl-geometry wrote for a previous
+        analysis here (its manifest's, the derived tables) are removed; nothing else is."""
+        self.create()
         run_id = uuid.uuid4().hex
         geometry, taxonomy = (replace(result, settings={**result.settings, "run_id": run_id})
                               for result in (analysis.geometry, analysis.taxonomy))
         settings = {**settings, "run_id": run_id}
+        previous = set(self._manifest_files())
+        if self.is_legacy:
+            previous |= {self.drilldown(regime).name for regime in _DRILLDOWN_REGIMES}
+        derived = set(self._manifest()) | (set(DERIVED_TABLES) if self.is_legacy else set())
+        self.manifest.unlink(missing_ok=True)
         self.derived_manifest.unlink(missing_ok=True)
         geometry.save(self.geometry)
         taxonomy.save(self.taxonomy)
         self._write_text(self.settings, json.dumps(settings, indent=1))
         self._write_frame("heads.csv", analysis.heads_table())
         self._write_frame("summary.csv", analysis.geometry.summary())
-        keep = {self.drilldown(regime).name for regime in drilldowns}
-        for stale in [*self.path.glob("drilldown_*.json"), *(self.path / name for name in DERIVED_TABLES),
-                      self.scan_checkpoint]:
-            if stale.name not in keep:
-                stale.unlink(missing_ok=True)
+        written = [*RESULT_FILES, *(self.drilldown(regime).name for regime in drilldowns)]
+        for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.scan_checkpoint.name]:
+            (self.path / stale).unlink(missing_ok=True)
         for regime, figure in drilldowns.items():
             self._write_text(self.drilldown(regime), figure)
+        files = {name: {"bytes": (self.path / name).stat().st_size, "sha256": _sha256(self.path / name)}
+                 for name in written}
+        self._write_text(self.manifest, json.dumps({"run_id": run_id, "files": files}, indent=1))
         return run_id
 
     def read_analysis(self) -> Analysis:
         """The finished analysis, or a :class:`TLGeometryError` that says what is missing."""
         from .analysis import Analysis
 
-        if not self.is_finished:
+        if not (self.is_owned or self.is_legacy):
             raise TLGeometryError(f"{str(self.path)!r} is not a finished run folder (no geometry/taxonomy results): "
                                   "run tl-geometry analyze first")
-        return Analysis.load(self.path)
+        return Analysis.load(self.path)  # checks the files against the manifest
 
     def read_settings(self) -> dict[str, Any]:
         try:
