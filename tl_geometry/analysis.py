@@ -34,7 +34,7 @@ from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
 from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
-from .io import head_name, load_tensors, save_tensors, token_digest
+from .io import check_sealed, head_name, load_tensors, save_tensors, token_digest
 from .layer_measures import Workspace, measure_layer
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
@@ -102,12 +102,8 @@ class Analysis:
 
     @classmethod
     def load(cls, folder: str | Path) -> Analysis:
-        from .run_folder import RunFolder
-
         folder = Path(folder)
-        run = RunFolder(folder)
-        if run.is_owned:  # a run folder: only a finished analysis whose files match its manifest
-            run.verify()
+        check_sealed(folder)  # a run folder: only a finished analysis whose files match its manifest
         return cls(GeometryResult.load(folder / "geometry.safetensors"), HeadTaxonomy.load(folder / "taxonomy.safetensors"))
 
 

@@ -14,7 +14,13 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 
-__all__ = ["save_tensors", "load_tensors", "atomic_path", "head_name", "token_digest"]
+__all__ = ["save_tensors", "load_tensors", "atomic_path", "head_name", "token_digest", "sha256_file", "manifest_files",
+           "check_sealed", "MARKER", "MANIFEST"]
+
+# A run folder's marker (tl-geometry owns the folder) and its manifest (the finished analysis's
+# files with sizes and checksums, written last); run_folder.RunFolder writes both.
+MARKER = ".tl-geometry"
+MANIFEST = "manifest.json"
 
 
 @contextmanager
@@ -58,6 +64,48 @@ def load_tensors(path: str | Path, kind: str) -> tuple[dict[str, Tensor], dict[s
         raise TLGeometryError(f"cannot read {path} ({reason}): the file is missing, truncated or not written by "
                               "tl_geometry; rerun the step that wrote it") from None
     return tensors, decoded
+
+
+def sha256_file(path: str | Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest_files(folder: str | Path) -> dict[str, dict[str, Any]]:
+    """``{name: {"bytes", "sha256"}}`` of a run folder's manifest ({} when absent or malformed)."""
+    try:
+        files = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    valid = isinstance(files, dict) and all(
+        isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str) for e in files.values())
+    return files if valid else {}
+
+
+def check_sealed(folder: str | Path) -> None:
+    """A folder that tl-geometry marked must hold a finished analysis whose files match its
+    manifest; one :class:`TLGeometryError` says what is wrong. Unmarked folders (written before
+    markers, or by ``Analysis.save``) are not checked."""
+    folder = Path(folder)
+    if not (folder / MARKER).is_file():
+        return
+    files = manifest_files(folder)
+    if not files:
+        if (folder / "geometry.safetensors").is_file() or (folder / "taxonomy.safetensors").is_file():
+            raise TLGeometryError(f"{str(folder)!r} was interrupted while saving its results: rerun the same "
+                                  "tl-geometry analyze command with --resume")
+        raise TLGeometryError(f"{str(folder)!r} is not a finished run folder (no geometry/taxonomy results): "
+                              "run tl-geometry analyze first")
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            raise TLGeometryError(f"cannot read {path} (missing, or its size or checksum differs from {MANIFEST}: "
+                                  "damaged or changed after the run wrote it): rerun tl-geometry analyze with --overwrite")
 
 
 def head_name(layer: int, head: int) -> str:

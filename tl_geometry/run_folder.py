@@ -29,7 +29,6 @@ mixes the results of two analyses.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import socket
@@ -45,7 +44,7 @@ import torch
 from torch import Tensor
 
 from .errors import TLGeometryError
-from .io import atomic_path, head_name
+from .io import MANIFEST, MARKER, atomic_path, check_sealed, head_name, manifest_files, sha256_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -63,21 +62,11 @@ DERIVED_TABLES = {
 }
 
 
-MARKER = ".tl-geometry"
 LOCK = ".tl-geometry.lock"
-MANIFEST = "manifest.json"
 # Files of a finished analysis that the manifest vouches for (drill-downs are added by name).
 RESULT_FILES = ("geometry.safetensors", "taxonomy.safetensors", "settings.json", "heads.csv", "summary.csv")
 # Regimes whose drill-down figures a run writes (drilldown_<regime>.json).
 _DRILLDOWN_REGIMES = ("retriever", "mixer", "reset")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -155,33 +144,15 @@ class RunFolder:
         return self.is_owned and self._has_results and not self.is_finished
 
     def _manifest_files(self) -> dict[str, dict[str, Any]]:
-        try:
-            manifest = json.loads(self.manifest.read_text(encoding="utf-8"))
-            files = manifest["files"]
-            if isinstance(files, dict) and all(isinstance(e, dict) and isinstance(e.get("bytes"), int)
-                                               and isinstance(e.get("sha256"), str) for e in files.values()):
-                return files
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        return {}
+        return manifest_files(self.path)
 
     def verify(self) -> None:
         """Raise a :class:`TLGeometryError` unless the folder holds a finished analysis whose files
-        match their manifest (sizes and SHA-256)."""
-        if self.is_legacy:
-            return
-        if self.is_interrupted:
-            raise TLGeometryError(f"{str(self.path)!r} was interrupted while saving its results: rerun the same "
-                                  "tl-geometry analyze command with --resume")
-        if not self.is_finished:
+        match their manifest (sizes and SHA-256); legacy folders pass (``io.check_sealed``)."""
+        if not (self.is_owned or self.is_legacy):
             raise TLGeometryError(f"{str(self.path)!r} is not a finished run folder (no geometry/taxonomy results): "
                                   "run tl-geometry analyze first")
-        for name, entry in self._manifest_files().items():
-            path = self.path / name
-            if not path.is_file() or path.stat().st_size != entry["bytes"] or _sha256(path) != entry["sha256"]:
-                raise TLGeometryError(f"cannot read {path} (missing, or its size or checksum differs from "
-                                      "manifest.json: damaged or changed after the run wrote it): rerun tl-geometry "
-                                      "analyze with --overwrite")
+        check_sealed(self.path)
 
     def _foreign_files(self) -> list[str]:
         """Names in an existing folder that make it someone else's: any file when the folder is
@@ -295,7 +266,7 @@ class RunFolder:
             (self.path / stale).unlink(missing_ok=True)
         for regime, figure in drilldowns.items():
             self._write_text(self.drilldown(regime), figure)
-        files = {name: {"bytes": (self.path / name).stat().st_size, "sha256": _sha256(self.path / name)}
+        files = {name: {"bytes": (self.path / name).stat().st_size, "sha256": sha256_file(self.path / name)}
                  for name in written}
         self._write_text(self.manifest, json.dumps({"run_id": run_id, "files": files}, indent=1))
         return run_id
