@@ -12,6 +12,7 @@ from tl_geometry.adapters import (
     read_layer,
     stream_layers,
 )
+from tl_geometry.errors import TLGeometryError
 
 from .tiny import random_tokens, tiny_bridge, tiny_hooked
 
@@ -39,7 +40,7 @@ def test_hooked_model_class_detected():
 
 
 def test_not_a_model_raises_type_error_naming_what_is_missing():
-    with pytest.raises(TypeError, match="lacks cfg, run_with_hooks, hook_dict, blocks"):
+    with pytest.raises(TLGeometryError, match="lacks cfg, run_with_hooks, hook_dict, blocks"):
         describe_model(torch.nn.Linear(2, 2))
 
 
@@ -149,7 +150,7 @@ def test_stream_layers_bad_inputs():
     model = tiny_bridge()
     with pytest.raises(ValueError, match="out of range"):
         stream_layers(model, random_tokens(1, 4), lambda *a: None, layers=[3])
-    with pytest.raises(TypeError, match="integer tensor"):
+    with pytest.raises(TLGeometryError, match="integer tensor"):
         stream_layers(model, "some text", lambda *a: None)
     with pytest.raises(ValueError, match="contiguous"):
         stream_layers(model, random_tokens(1, 4), lambda *a: None, attention_mask=torch.tensor([[1, 0, 1, 1]]))

@@ -121,6 +121,11 @@ def test_bad_input_to_analyze_is_one_clear_error(tmp_path):
         (dict(tokens_or_texts=tokens, attention_mask=torch.tensor([[1] * 9, [0] * 9])), r"rows \[1\] have no real token"),
         (dict(tokens_or_texts=tokens, n=(9, 16)), "no N in \\[9, 16\\] is measurable"),
         (dict(tokens_or_texts=tokens[:0]), "at least one window"),
+        (dict(tokens_or_texts=tokens.clamp_max(0) - 1), r"token ids must lie in 0\.\.\d+ .* from -1 to -1"),
+        (dict(tokens_or_texts=tokens + model.cfg.d_vocab), "token ids must lie in 0"),
+        (dict(tokens_or_texts=tokens, n=2.5), "n must be integers ≥ 1"),
+        (dict(tokens_or_texts=tokens, checkpoint=tmp_path), "is a folder: pass a file path"),
+        (dict(tokens_or_texts=tokens, checkpoint=tmp_path / "absent" / "c.safetensors"), "does not exist or is not"),
     ]
     for kwargs, message in cases:
         with pytest.raises(TLGeometryError, match=message):

@@ -77,6 +77,17 @@ CASES = {
     "report of a run interrupted while saving": (["report", "{dir}"], _saving_interrupted,
                                                  "interrupted while saving its results"),
     "compare a run with itself": (["compare", "{dir}", "{dir}"], _finished, "are the same run folder"),
+    "--device typo": (["analyze", "--out", "{dir}/run", "--device", "cdua"], None, "is not a device"),
+    "--device absent here": (["analyze", "--out", "{dir}/run", "--device", "cuda:99"], None,
+                             "is not available on this machine (it has: cpu"),
+    "--n-devices 0": (["analyze", "--out", "{dir}/run", "--model", "org/model", "--n-devices", "0"], None,
+                      "--n-devices must be ≥ 1"),
+    "--device-map with a bundled model": (["analyze", "--out", "{dir}/run", "--device-map", "auto"], None,
+                                          "--device-map applies to Hugging Face hub models"),
+    "corpus is a folder": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}"], lambda f: f.mkdir(), "is a folder"),
+    "corpus is a pipe": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/pipe"],
+                         lambda f: (f.mkdir(), __import__("os").mkfifo(f / "pipe")), "is not a regular file"),
+    "corpus is empty": (["analyze", "--out", "{dir}/run", "--corpus", ""], None, "corpus '' is empty"),
 }
 
 
@@ -211,7 +222,8 @@ def test_interrupted_analyze_resumes_to_identical_results(capsys, smollm2, tmp_p
     monkeypatch.setattr(analysis_module, "stream_layers", real_stream)
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    (fresh / "checkpoint.safetensors").write_bytes((tmp_path / "cut" / "checkpoint.safetensors").read_bytes())
+    for name in (".tl-geometry", "checkpoint.safetensors"):  # an interrupted run of this version
+        (fresh / name).write_bytes((tmp_path / "cut" / name).read_bytes())
     assert main([*args[:-1], "--out", str(fresh)]) == 0  # no --resume: the stale checkpoint goes, after the checks
     assert "removed the checkpoint of an earlier interrupted run" in capsys.readouterr().out
     assert not (fresh / "checkpoint.safetensors").exists() and (fresh / "report.html").is_file()
@@ -318,8 +330,70 @@ def test_model_flags_reach_load_model(monkeypatch, capsys, tmp_path):
         raise TLGeometryError("stop after loading")
 
     monkeypatch.setattr(models, "load_model", load_model)
-    argv = ["analyze", "--out", str(tmp_path / "run"), "--dtype", "bfloat16", "--device", "cpu", "--device-map",
-            "auto", "--n-devices", "2"]
+    argv = ["analyze", "--out", str(tmp_path / "run"), "--model", "org/model", "--dtype", "bfloat16", "--device",
+            "cpu", "--device-map", "auto", "--n-devices", "2"]  # placement flags apply to hub models
     assert main(argv) == 2 and "stop after loading" in capsys.readouterr().err
-    assert seen == {"name": "smollm2-135m", "dtype": torch.bfloat16, "device": "cpu", "device_map": "auto",
+    assert seen == {"name": "org/model", "dtype": torch.bfloat16, "device": "cpu", "device_map": "auto",
                     "n_devices": 2}
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    """A real finished run folder of a tiny model (the settings a CLI run writes)."""
+    import tl_geometry as tlg
+    from tl_geometry.run_folder import RunFolder
+
+    from .tiny import random_tokens, tiny_model
+
+    analysis = tlg.analyze(tiny_model(4, 2), random_tokens(2, 12, seed=1), (1, 2), repeats=1, bootstrap=10,
+                           progress=False)
+    run = RunFolder(tmp_path / "run")
+    run.write_analysis(analysis, {"cli_model": "smollm2-135m", "seed": 0, "corpus_spec": "python-reference"}, {})
+    return run
+
+
+def _settings(run, **changes):
+    import json
+
+    settings = run.read_settings()
+    settings.update(changes)
+    # the run's own settings file changed by hand: its manifest entry follows, as a user's edit would not
+    run.settings.write_text(json.dumps(settings))
+    manifest = json.loads(run.manifest.read_text())
+    from tl_geometry.io import sha256_file
+
+    manifest["files"]["settings.json"] = {"bytes": run.settings.stat().st_size, "sha256": sha256_file(run.settings)}
+    run.manifest.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"cli_model": "no-such-model"}, "unknown model 'no-such-model'"),
+    ({"seed": "x"}, "seed 'x' is not an integer"),
+])
+def test_prune_checks_the_runs_settings_before_loading(finished_run, capsys, changes, message):
+    _settings(finished_run, **changes)
+    before = snapshot(finished_run.path)
+    assert main(["prune", str(finished_run.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert snapshot(finished_run.path) == before
+
+
+def test_non_numeric_derived_tables_are_one_line(finished_run, capsys):
+    import pandas as pd
+
+    run_id = finished_run.run_id()
+    finished_run.write_derived("topn.csv", pd.DataFrame({"n": ["one"], "delta_nll": [0.1], "renormalise": [False]}),
+                               run_id)
+    before = snapshot(finished_run.path)
+    assert main(["report", str(finished_run.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "topn.csv: column 'n' must hold numbers" in err, err
+    assert snapshot(finished_run.path) == before
+
+
+def test_a_settings_file_edited_by_hand_is_named(finished_run, capsys):
+    finished_run.settings.write_text("{}")
+    assert main(["report", str(finished_run.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "settings.json" in err and "checksum" in err, err

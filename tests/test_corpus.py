@@ -86,3 +86,37 @@ def test_online_corpus_offline_names_alternatives(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_datasets)
     with pytest.raises(TLGeometryError, match="python-reference"):
         load_corpus("wikitext-103")
+
+
+def test_file_corpora_any_case_suffix_and_a_byte_order_mark(tmp_path):
+    (tmp_path / "a.TXT").write_bytes("\ufefffirst document\n\nsecond".encode("utf-8"))
+    (tmp_path / "b.jsonl").write_bytes('\ufeff{"text": "one"}\n{"text": "two"}\n'.encode("utf-8"))
+    assert [text for _, text in load_corpus(tmp_path / "a.TXT").documents] == ["first document", "second"]
+    assert [text for _, text in load_corpus(tmp_path / "b.jsonl").documents] == ["one", "two"]
+
+
+@pytest.mark.parametrize("spec, message", [("", "is empty"), (" ", "is empty"), ("{dir}", "is a folder")])
+def test_paths_that_are_no_corpus_file_say_what_they_are(tmp_path, spec, message):
+    with pytest.raises(TLGeometryError, match=message):
+        load_corpus(spec.replace("{dir}", str(tmp_path)))
+
+
+def test_fewer_windows_than_asked_warn_with_the_count():
+    corpus = Corpus("tiny", [("a", "x" * 12), ("b", "y" * 12)])
+    with pytest.warns(UserWarning, match=r"gave \d+ distinct windows of 10 tokens, not the 500 asked"):
+        windows = make_windows(CharTokenizer(), corpus, seq_len=10, n_windows=500)
+    assert windows.tokens.shape[0] < 500
+
+
+def test_windows_need_only_the_documents_they_use():
+    # the first round tokenises documents only until it has its windows
+    seen = []
+
+    class Counting(CharTokenizer):
+        def __call__(self, text, add_special_tokens=True):
+            seen.append(text)
+            return super().__call__(text, add_special_tokens)
+
+    corpus = Corpus("many", [(str(i), chr(97 + i % 26) * 40) for i in range(200)])
+    make_windows(Counting(), corpus, seq_len=16, n_windows=3)
+    assert len(seen) == 3

@@ -37,3 +37,21 @@ def test_names_and_digests():
     tokens = torch.tensor([[1, 2, 3]])
     assert token_digest(tokens) == token_digest(tokens.clone()) != token_digest(tokens + 1)
     assert token_digest(tokens, torch.tensor([[1, 1, 0]])) != token_digest(tokens, torch.tensor([[1, 1, 1]]))
+
+
+def test_a_refused_write_is_one_clear_error_and_keeps_the_old_file(tmp_path, monkeypatch):
+    # a full disk or a read-only folder (simulated: root may write anywhere here)
+    import errno
+    import os
+
+    path = tmp_path / "report.html"
+    path.write_text("old")
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(TLGeometryError, match="cannot write .*report.html .*No space left.*writable folder with free"):
+        with atomic_path(path) as tmp:
+            tmp.write_text("new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.html"]

@@ -94,3 +94,8 @@ def test_a_dominant_point_is_left_off_the_pca_range():
     assert plots._off_scale(cloud) is None
     cloud[0] = torch.tensor([80.0, -60.0])  # a sink that dwarfs the rest
     assert plots._off_scale(cloud) == 0
+
+
+def test_an_unknown_colour_is_one_clear_error(res):
+    with pytest.raises(TLGeometryError, match="unknown metric 'bogus'"):
+        plots.head_map(res, color="bogus")

@@ -24,7 +24,9 @@ def two_analyses():
 
 
 def snapshot(folder) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    """Checksums of a folder's files (other entries, e.g. a named pipe, by kind: reading one would block)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "not a file"
+            for p in sorted(folder.iterdir())}
 
 
 PRUNING = pd.DataFrame({"method": ["random"], "retention": [1.0], "heads_removed": [0], "delta_nll": [0.0]})

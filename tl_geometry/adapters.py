@@ -139,7 +139,7 @@ _REQUIRED = ("cfg", "run_with_hooks", "hook_dict", "blocks")
 def _model_class(model: Any) -> str:
     missing = [name for name in _REQUIRED if not hasattr(model, name)]
     if missing:
-        raise TypeError(
+        raise TLGeometryError(
             f"{type(model).__name__} is not a TransformerLens model: it lacks {', '.join(missing)}. "
             "Pass a HookedTransformer (TransformerLens 2.x/3.x) or a TransformerBridge "
             "(TransformerLens 3.x/4.x), e.g. tl_geometry.load_model('smollm2-135m')."
@@ -408,7 +408,7 @@ def _check_layers(layers: Iterable[int] | None, n_layers: int) -> list[int]:
 
 def _check_tokens(tokens: Any) -> Tensor:
     if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32):
-        raise TypeError(
+        raise TLGeometryError(
             "tokens must be an integer tensor [batch, pos] (e.g. model.to_tokens(texts)); "
             f"got {type(tokens).__name__}{'' if not isinstance(tokens, Tensor) else ' of ' + str(tokens.dtype)}."
         )
@@ -417,6 +417,18 @@ def _check_tokens(tokens: Any) -> Tensor:
     if tokens.ndim != 2 or tokens.shape[1] < 1:
         raise TLGeometryError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}.")
     return tokens
+
+
+def _check_vocabulary(model: Any, tokens: Tensor) -> None:
+    """Token ids must index the model's embedding (else the forward fails deep inside with
+    ``IndexError: index out of range in self``)."""
+    d_vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)
+    if tokens.numel() == 0 or not isinstance(d_vocab, int) or d_vocab <= 0:
+        return
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= d_vocab:
+        raise TLGeometryError(f"token ids must lie in 0..{d_vocab - 1} (the model's vocabulary); got ids from {low} to "
+                              f"{high}: tokenise with this model's tokenizer (model.to_tokens).")
 
 
 def stream_layers(
@@ -452,6 +464,7 @@ def stream_layers(
     """
     info = describe_model(model) if info is None else info
     tokens = _check_tokens(tokens)
+    _check_vocabulary(model, tokens)
     info.check_length(tokens.shape[1])
     chosen = _check_layers(layers, info.n_layers)
     batch, pos = tokens.shape
@@ -475,7 +488,7 @@ def stream_layers(
         pattern_name, v_name = hook_names(layer)
         for name in (pattern_name, v_name):
             if name not in model.hook_dict:
-                raise KeyError(f"model has no hook point {name!r}; is this a TransformerLens transformer?")
+                raise TLGeometryError(f"model has no hook point {name!r}; is this a TransformerLens transformer?")
         fwd_hooks += [(pattern_name, make_hook(layer, "pattern")), (v_name, make_hook(layer, "v"))]
     kwargs: dict[str, Any] = {"return_type": None}
     if attention_mask is not None:
@@ -486,7 +499,7 @@ def stream_layers(
     with torch.inference_mode():
         model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **kwargs)
     if pending:
-        raise RuntimeError(
+        raise TLGeometryError(
             f"layers {sorted(pending)} fired only one of hook_pattern / hook_v; this model's attention "
             "does not expose both hooks (a fused or non-eager attention implementation?). Load it with "
             "attn_implementation='eager'."
@@ -525,6 +538,7 @@ def sequence_nll(
     number of predicted tokens of each sequence, with optional hooks; pads are neither inputs nor
     targets."""
     tokens = _check_tokens(tokens)
+    _check_vocabulary(model, tokens)
     kwargs: dict[str, Any] = {"return_type": "logits"}
     if attention_mask is not None:
         check_attention_mask(attention_mask, *tokens.shape)

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,7 +105,14 @@ class Analysis:
     def load(cls, folder: str | Path) -> Analysis:
         folder = Path(folder)
         check_sealed(folder)  # a run folder: only a finished analysis whose files match its manifest
-        return cls(GeometryResult.load(folder / "geometry.safetensors"), HeadTaxonomy.load(folder / "taxonomy.safetensors"))
+        geometry = GeometryResult.load(folder / "geometry.safetensors")
+        taxonomy = HeadTaxonomy.load(folder / "taxonomy.safetensors")
+        heads = tuple(next(iter(geometry.per_sequence.values())).shape[1:3]) if geometry.per_sequence else None
+        if heads is not None and heads != tuple(taxonomy.shape):
+            raise TLGeometryError(f"{str(folder)!r} holds results of two analyses: geometry of {heads[0]}×{heads[1]} "
+                                  f"heads beside a taxonomy of {taxonomy.shape[0]}×{taxonomy.shape[1]}; rerun "
+                                  "tl-geometry analyze into a new folder")
+        return cls(geometry, taxonomy)
 
 
 def tokenize_texts(model: Any, texts: Sequence[str]) -> tuple[Int[Tensor, "seq pos"], Int[Tensor, "seq pos"]]:
@@ -132,6 +140,13 @@ class Checkpoint:
 
     def __init__(self, path: str | Path, key: dict[str, Any]):
         self.path, self.key = Path(path), json.dumps(key, sort_keys=True)
+        # Checked before the first batch, not when the first save fails after it.
+        if self.path.is_dir():
+            raise TLGeometryError(f"checkpoint {str(self.path)!r} is a folder: pass a file path, e.g. "
+                                  f"{str(self.path / 'checkpoint.safetensors')!r}.")
+        if not self.path.parent.is_dir() or not os.access(self.path.parent, os.W_OK | os.X_OK):
+            raise TLGeometryError(f"checkpoint {str(self.path)!r} cannot be written: its folder "
+                                  f"{str(self.path.parent)!r} does not exist or is not writable.")
 
     def restore(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> int:
         """Load the saved state into the accumulators; returns the number of windows done."""

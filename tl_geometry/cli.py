@@ -106,6 +106,32 @@ def _write_report(run: RunFolder, say=print) -> Path:
     return write_report(analysis, run.report, title=title, drilldowns=run.read_drilldowns(), **extras)
 
 
+def _check_model_flags(args: argparse.Namespace, bundled: bool) -> None:
+    """The model flags, before the model loads: a device this machine has, placement flags only
+    where they apply (hub models), a positive device count."""
+    import torch
+
+    if args.device:
+        try:
+            device = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise TLGeometryError(f"--device {args.device!r} is not a device: use cpu, cuda, cuda:1 or mps") from None
+        available = ["cpu"]
+        if torch.cuda.is_available():
+            available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            available.append("mps")
+        if device.type not in ("cpu", "cuda", "mps") or str(device) not in available:
+            raise TLGeometryError(f"--device {args.device!r} is not available on this machine (it has: "
+                                  f"{', '.join(available)})")
+    if args.n_devices is not None and args.n_devices < 1:
+        raise TLGeometryError(f"--n-devices must be ≥ 1; got {args.n_devices}")
+    if bundled and (args.device_map or args.n_devices):
+        flag = "--device-map" if args.device_map else "--n-devices"
+        raise TLGeometryError(f"{flag} applies to Hugging Face hub models; the bundled {args.model} loads on one "
+                              "device (use --device)")
+
+
 def _model_options(args: argparse.Namespace) -> dict:
     """Device, dtype and multi-device placement flags for ``load_model``."""
     import torch
@@ -118,6 +144,13 @@ def _model_options(args: argparse.Namespace) -> dict:
     if args.n_devices:
         options["n_devices"] = args.n_devices
     return options
+
+
+def _check_model_name(name: str) -> None:
+    from .models import BUNDLED_MODELS
+
+    if name not in BUNDLED_MODELS and "/" not in name:
+        raise TLGeometryError(f"unknown model {name!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
 
 
 def _default_out(args: argparse.Namespace) -> str:
@@ -141,8 +174,8 @@ def _analyze(args: argparse.Namespace) -> None:
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
     _apply_protocol(args)
-    if args.model not in BUNDLED_MODELS and "/" not in args.model:
-        raise TLGeometryError(f"unknown model {args.model!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
+    _check_model_name(args.model)
+    _check_model_flags(args, args.model in BUNDLED_MODELS)
     if args.seq_len < 2:
         raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
     _positive("--windows", args.windows)
@@ -166,7 +199,7 @@ def _analyze(args: argparse.Namespace) -> None:
     describe_model(model).check_length(args.seq_len)
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
-        f"({windows.skipped_documents} documents too short)")
+        f"({windows.skipped_documents} of the documents read too short)")
     # The inputs are valid: from here one process writes the folder (rank 0 holds its lock).
     with run.writing() if rank == 0 else contextlib.nullcontext():
         run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)  # again, under the lock
@@ -230,18 +263,27 @@ def _prune(args: argparse.Namespace) -> None:
     say = (lambda *a: None) if args.quiet else print
     settings = run.read_settings()
     name = args.model or settings.get("cli_model")
-    if name is None:
+    if not isinstance(name, str):
         raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
+    _check_model_name(name)
+    try:
+        seed = int(settings.get("seed", 0))
+    except (TypeError, ValueError):
+        raise TLGeometryError(f"{run.settings}: seed {settings.get('seed')!r} is not an integer; fix it or rerun "
+                              "tl-geometry analyze") from None
     corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
     start = time.perf_counter()
     model = load_model(name)
     # Held-out windows: another seed than the analysis, same length.
-    held = make_windows(model, corpus, args.seq_len, args.windows, int(settings.get("seed", 0)) + 1).tokens
+    held = make_windows(model, corpus, args.seq_len, args.windows, seed + 1).tokens
     # Gradient and entropy rank heads on the first half of the held-out windows (magnitude, random and
     # taxonomy need no tokens); the curves are measured on the other half.
     importances = {m: head_importance(model, held[: max(1, args.windows // 2)], m, taxonomy=analysis.taxonomy)
                    for m in IMPORTANCE_METHODS}
     evaluation = held[args.windows // 2:] if args.windows > 1 else held
+    if args.windows == 1:
+        say("--windows 1: the gradient and entropy rankings and the curves use the same single window "
+            "(pass --windows 2 or more to rank on one half and evaluate on the other)")
     with run.writing():  # one writer: another prune or analysis of this folder is refused
         run.verify()  # the analysis is still the one the tables are computed from
         curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)

@@ -9,7 +9,7 @@ corpus) travel beside it as provenance, not as configuration.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -59,7 +59,7 @@ class RunConfig:
     sink: bool = True
 
     def __post_init__(self) -> None:
-        n = (self.n,) if isinstance(self.n, int) else tuple(self.n)
+        n = (self.n,) if isinstance(self.n, int | float | str) or not isinstance(self.n, Iterable) else tuple(self.n)
         if not n or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in n):
             raise TLGeometryError(f"n must be integers ≥ 1 (N counts the selected sources); got {self.n!r}.")
         object.__setattr__(self, "n", n)

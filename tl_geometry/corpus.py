@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,8 @@ def _lee_news() -> Corpus:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
+    try:  # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the text
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise TLGeometryError(f"corpus file {str(path)!r} is not UTF-8 text (byte {exc.start}): convert it, e.g. "
                               "iconv -t UTF-8.") from None
@@ -94,9 +95,15 @@ def _read_text(path: Path) -> str:
 
 
 def _from_file(path: Path) -> Corpus:
+    if path.is_dir():
+        raise TLGeometryError(f"corpus {str(path)!r} is a folder: pass one .txt or .jsonl file.")
+    if path.exists() and not path.is_file():
+        raise TLGeometryError(f"corpus {str(path)!r} is not a regular file (a pipe or device?): pass a .txt or "
+                              ".jsonl file.")
     if not path.is_file():
         raise TLGeometryError(f"corpus file {str(path)!r} does not exist.")
-    if path.suffix == ".jsonl":
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
         docs = []
         for number, line in enumerate(_read_text(path).splitlines()):
             if not line.strip():
@@ -111,7 +118,7 @@ def _from_file(path: Path) -> Corpus:
                 got = type(record).__name__ if not isinstance(record, dict) else f"text={record.get('text')!r}"
                 raise TLGeometryError(f"{where}: each line must be a JSON object with a 'text' string (got {got}).")
             docs.append((str(record.get("id", number)), record["text"]))
-    elif path.suffix in (".txt", ".md", ""):
+    elif suffix in (".txt", ".md", ""):
         blocks = [block.strip() for block in _read_text(path).split("\n\n")]
         docs = [(str(i), block) for i, block in enumerate(blocks) if block]
     else:
@@ -142,6 +149,9 @@ def _from_hub(name: str) -> Corpus:
 def load_corpus(spec: str | Path) -> Corpus:
     """Load a corpus by name (offline: ``python-reference``, ``lee-news``; online:
     ``wikitext-103``, ``openwebtext``) or from a ``.txt`` / ``.jsonl`` path."""
+    if isinstance(spec, str) and not spec.strip():
+        raise TLGeometryError(f"corpus {spec!r} is empty: pass {', '.join(OFFLINE_CORPORA)} or a path to a .txt/.jsonl "
+                              "file.")
     if isinstance(spec, str) and spec == "python-reference":
         corpus = _python_reference()
     elif isinstance(spec, str) and spec == "lee-news":
@@ -176,7 +186,7 @@ def make_windows(model_or_tokenizer: Any, corpus: Corpus | str, seq_len: int = 2
     """
     tokenizer = getattr(model_or_tokenizer, "tokenizer", model_or_tokenizer)
     if tokenizer is None or not callable(tokenizer):
-        raise TypeError("make_windows needs a model with a tokenizer, or a Hugging Face tokenizer.")
+        raise TLGeometryError("make_windows needs a model with a tokenizer, or a Hugging Face tokenizer.")
     if isinstance(corpus, str | Path):
         corpus = load_corpus(corpus)
     if seq_len < 2 or n_windows < 1:
@@ -186,30 +196,43 @@ def make_windows(model_or_tokenizer: Any, corpus: Corpus | str, seq_len: int = 2
         raise TLGeometryError("the tokenizer has no BOS token; windows start with BOS (the sink). Set tokenizer.bos_token.")
     content = seq_len - 1
     order = sorted(corpus.documents, key=lambda doc: _hash(seed, doc[0]))
+    rows, doc_ids, offsets, seen = [], [], [], set()
+
+    def take(doc_id: str, ids: list[int], round_: int) -> None:
+        offset = _hash(seed, doc_id, round_) % (len(ids) - content + 1)
+        if (doc_id, offset) not in seen:
+            seen.add((doc_id, offset))
+            rows.append([bos, *ids[offset:offset + content]])
+            doc_ids.append(doc_id)
+            offsets.append(offset)
+
+    # The first round takes one window per long-enough document, in the seeded order, tokenising
+    # each only when it is reached: memory and time follow the windows, not the corpus. Only
+    # when the documents run out (more windows than long documents) do later rounds revisit them.
     eligible, skipped = [], 0
     for doc_id, text in order:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) < content:
             skipped += 1
-        else:
-            eligible.append((doc_id, ids))
+            continue
+        eligible.append((doc_id, ids))
+        take(doc_id, ids, 0)
+        if len(rows) == n_windows:
+            break
     if not eligible:
         raise TLGeometryError(
             f"corpus {corpus.name!r} has no document of at least {content} tokens ({skipped} too short): "
             "lower --seq-len or use a corpus of longer documents."
         )
-    rows, doc_ids, offsets, seen = [], [], [], set()
-    for round_ in range(4 * n_windows):
-        for doc_id, ids in eligible:
-            offset = _hash(seed, doc_id, round_) % (len(ids) - content + 1)
-            if (doc_id, offset) in seen:
-                continue
-            seen.add((doc_id, offset))
-            rows.append([bos, *ids[offset:offset + content]])
-            doc_ids.append(doc_id)
-            offsets.append(offset)
-            if len(rows) == n_windows:
-                break
+    for round_ in range(1, 4 * n_windows):
         if len(rows) == n_windows:
             break
+        for doc_id, ids in eligible:
+            take(doc_id, ids, round_)
+            if len(rows) == n_windows:
+                break
+    if len(rows) < n_windows:
+        warnings.warn(f"corpus {corpus.name!r} gave {len(rows)} distinct windows of {seq_len} tokens, not the "
+                      f"{n_windows} asked ({len(eligible)} documents long enough, {skipped} too short): the run "
+                      "uses those; lower --seq-len or use a larger corpus for more.", stacklevel=2)
     return Windows(torch.tensor(rows, dtype=torch.long), doc_ids, offsets, corpus.name, seed, skipped)

@@ -110,7 +110,7 @@ class GeometryResult:
         if metric == "gap":
             return self.per_sequence["f_top"] - self.per_sequence["f_random"]
         if metric not in self.per_sequence:
-            raise KeyError(f"unknown metric {metric!r}; have {sorted(self.per_sequence)} and 'gap'.")
+            raise TLGeometryError(f"unknown metric {metric!r}; have {sorted(self.per_sequence)} and 'gap'.")
         return self.per_sequence[metric]
 
     def mean(self, metric: str = "f_top") -> Float[Tensor, "layer head ..."]:
@@ -205,8 +205,13 @@ class GeometryResult:
     @classmethod
     def load(cls, path: str | Path) -> GeometryResult:
         tensors, meta = load_tensors(path, "GeometryResult")
+        ns, settings = meta.get("n"), meta.get("settings")
+        if ("window_ids" not in tensors or not isinstance(ns, list) or not all(isinstance(x, int) for x in ns)
+                or not isinstance(settings, dict)):
+            raise TLGeometryError(f"cannot read {path} (its window_ids, n or settings are missing or malformed): "
+                                  "rerun tl-geometry analyze")
         ids = tensors.pop("window_ids")
-        return cls(tuple(meta["n"]), tensors, ids, meta["settings"])
+        return cls(tuple(ns), tensors, ids, settings)
 
 
 class SeparabilityAccumulator:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .adapters import hook_names
+from .errors import TLGeometryError
 
 __all__ = ["z_hook_name", "add_hooks", "remove_hooks", "pattern_override_hooks", "sink_redirect_hooks"]
 
@@ -28,7 +29,7 @@ def add_hooks(model: Any, fwd_hooks: Iterable[tuple[str, Callable]]) -> list[tup
     handles = []
     for name, fn in fwd_hooks:
         if name not in model.hook_dict:
-            raise KeyError(f"model has no hook point {name!r}")
+            raise TLGeometryError(f"model has no hook point {name!r}: check the hook name (e.g. blocks.0.attn.hook_z)")
         point = model.hook_dict[name]
         point.add_hook(fn)
         handles.append((point, point.fwd_hooks[-1]))  # TransformerLens 2.x/3.x add_hook returns None
@@ -64,7 +65,7 @@ def pattern_override_hooks(layer: int, fn: Callable[[Tensor], Tensor]) -> list[t
 
     def recompute_z(z: Tensor, hook=None) -> Tensor:
         if "pattern" not in state:
-            raise RuntimeError(
+            raise TLGeometryError(
                 "this model computes the head outputs (hook_z) before it reports hook_pattern (the TransformerLens "
                 "3.x TransformerBridge), so an attention pattern cannot be overridden; use TransformerLens 4.x or a "
                 "HookedTransformer."

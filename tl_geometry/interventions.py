@@ -65,11 +65,30 @@ class HeadAblation:
         return f"HeadAblation(mode={self.mode!r}, heads={self.heads})"
 
 
+def _as_head(item: Any) -> Head:
+    """A ``(layer, head)`` pair of integers (Python, NumPy or 0-d torch integers); anything else —
+    floats, a bare int, a longer tuple — is refused rather than truncated."""
+    def integer(x: Any) -> int | None:
+        if isinstance(x, bool):
+            return None
+        if isinstance(x, Tensor):
+            return int(x) if x.numel() == 1 and not x.is_floating_point() and x.dtype != torch.bool else None
+        return int(x) if hasattr(x, "__index__") else None
+
+    pair = tuple(item) if isinstance(item, tuple | list | Tensor) and len(item) == 2 else None
+    values = None if pair is None else tuple(integer(x) for x in pair)
+    if values is None or None in values:
+        raise TLGeometryError(f"heads must be (layer, head) pairs of integers, e.g. [(0, 1), (3, 4)]; got {item!r}.")
+    return values  # type: ignore[return-value]
+
+
 def _check_heads(model: Any, heads: Iterable[Head]) -> dict[int, list[int]]:
     info = describe_model(model)
     by_layer: dict[int, list[int]] = {}
+    if isinstance(heads, str | bytes) or not isinstance(heads, Iterable):
+        raise TLGeometryError(f"heads must be a list of (layer, head) pairs, e.g. [(0, 1), (3, 4)]; got {heads!r}.")
     for item in heads:
-        layer, head = (int(x) for x in item)
+        layer, head = _as_head(item)
         if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads):
             raise TLGeometryError(f"head {(layer, head)} is out of range for {info.n_layers} layers × {info.n_heads} heads.")
         by_layer.setdefault(layer, [])

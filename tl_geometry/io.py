@@ -32,8 +32,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as exc:  # a read-only folder, a full disk: the user's to fix, and the old file is intact
+        raise TLGeometryError(f"cannot write {path} ({exc.strerror or exc}): check that {str(path.parent)!r} is a "
+                              "writable folder with free space") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # nothing was written there (the folder refused it)
 
 
 def save_tensors(path: str | Path, kind: str, tensors: dict[str, Tensor], **metadata: Any) -> None:

@@ -152,25 +152,29 @@ def _build_cache(spec: BundledModel, folder: Path) -> None:
     """Dequantize the GGUF file once and save it as safetensors + tokenizer files."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    gguf = spec.locate_gguf()
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if spec.architectures:
-        config.architectures = list(spec.architectures)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, config=config, dtype=torch.float32,
-            attn_implementation="eager",
-        )
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The dequantized weights are plain float32 now; keep no trace of the GGUF quantizer.
-    hf_model.hf_quantizer = None
-    hf_model.config.quantization_config = None
-    with contextlib.suppress(AttributeError):
-        del hf_model.config.quantization_config
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:  # before the minute of dequantizing: the cache folder must be writable
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    except OSError as exc:
+        raise TLGeometryError(f"cannot write the model cache in {str(folder.parent)!r} ({exc.strerror or exc}): set "
+                              "TL_GEOMETRY_CACHE to a writable folder") from None
     try:
+        gguf = spec.locate_gguf()
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if spec.architectures:
+            config.architectures = list(spec.architectures)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, config=config, dtype=torch.float32,
+                attn_implementation="eager",
+            )
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The dequantized weights are plain float32 now; keep no trace of the GGUF quantizer.
+        hf_model.hf_quantizer = None
+        hf_model.config.quantization_config = None
+        with contextlib.suppress(AttributeError):
+            del hf_model.config.quantization_config
         hf_model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp), indent=1))

@@ -69,6 +69,10 @@ RESULT_FILES = ("geometry.safetensors", "taxonomy.safetensors", "settings.json",
 _DRILLDOWN_REGIMES = ("retriever", "mixer", "reset")
 
 
+# Columns of the derived tables that hold text; every other named column holds numbers.
+_TEXT_COLUMNS = ("method", "name")
+
+
 @dataclass(frozen=True)
 class RunFolder:
     """One run folder (see the module docstring for its files)."""
@@ -329,6 +333,10 @@ class RunFolder:
             if missing:
                 raise TLGeometryError(f"{path} lacks the columns {', '.join(missing)}: it was not written by "
                                       "tl-geometry prune; rerun it")
+            for column in columns:
+                if column not in _TEXT_COLUMNS and not pd.api.types.is_numeric_dtype(frame[column]):
+                    raise TLGeometryError(f"{path}: column {column!r} must hold numbers (it has "
+                                          f"{frame[column].iloc[0]!r}…): rerun tl-geometry prune")
             tables[name] = frame
         return tables, foreign
 

@@ -201,7 +201,11 @@ class HeadTaxonomy:
     @classmethod
     def load(cls, path: str | Path) -> HeadTaxonomy:
         tensors, meta = load_tensors(path, "HeadTaxonomy")
-        return cls(tensors["votes"], tensors.get("offsets"), meta["settings"])
+        votes, settings = tensors.get("votes"), meta.get("settings")
+        if votes is None or votes.ndim != 3 or votes.shape[-1] != 3 or not isinstance(settings, dict):
+            raise TLGeometryError(f"cannot read {path} (its votes or settings are missing or malformed): rerun "
+                                  "tl-geometry analyze")
+        return cls(votes, tensors.get("offsets"), settings)
 
 
 class TaxonomyAccumulator:
