@@ -116,3 +116,11 @@ def test_runs_with_no_n_in_common_compare_by_label(tmp_path):
     out = tmp_path / "cmp"
     assert main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--out", str(out)]) == 0
     assert (out / "compare.csv").is_file() and (out / "compare.html").is_file()
+
+
+def test_runs_with_the_same_folder_name_get_a_flat_default_output(tmp_path, monkeypatch, pair):
+    for parent, analysis in (("p1", pair[0]), ("p2", pair[1])):
+        RunFolder(tmp_path / parent / "run").write_analysis(analysis, {}, {})
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", str(tmp_path / "p1" / "run"), str(tmp_path / "p2" / "run")]) == 0
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["compare-p1-run-vs-p2-run"]

@@ -238,3 +238,9 @@ def test_another_models_taxonomy_is_refused(tiny_model):
     other = HeadTaxonomy.from_votes(torch.ones(layers + 1, heads, 3, dtype=torch.long), settings={"model": "other"})
     with pytest.raises(tlg.TLGeometryError, match=rf"{layers + 1}×{heads} heads \(model 'other'\).*{layers}×{heads}"):
         ablate_regime(tiny_model, other, "reset")
+
+
+@pytest.mark.parametrize("heads", [[(0.0, 1.5)], [0, 1], [(0, 1, 2)], 5, "L0H1"])
+def test_heads_that_are_not_integer_pairs_are_refused(tiny_model, heads):
+    with pytest.raises(tlg.TLGeometryError, match="heads must be"):
+        ablate_heads(tiny_model, heads)

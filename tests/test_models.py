@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 
@@ -114,3 +115,22 @@ def test_bundled_smollm2_matches_the_hugging_face_model(smollm2):
     tokens = smollm2.to_tokens(["Geometry of token selection, measured in value space."])
     with torch.no_grad():
         torch.testing.assert_close(smollm2(tokens), hf(tokens).logits, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["a file", "unwritable"])
+def test_an_unusable_cache_folder_is_one_line_before_dequantizing(monkeypatch, tmp_path, kind):
+    from tl_geometry.errors import TLGeometryError
+
+    if kind == "a file":
+        cache = tmp_path / "cache"
+        cache.write_text("not a folder")
+    else:  # simulated: root may write anywhere here
+        cache = tmp_path / "ro"
+        monkeypatch.setattr(models.tempfile, "mkdtemp",
+                            lambda **kw: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(cache))
+    located = []
+    spec = dataclasses.replace(models.BUNDLED_MODELS["smollm2-135m"], locate_gguf=lambda: located.append(1))
+    with pytest.raises(TLGeometryError, match="cannot write the model cache .*set TL_GEOMETRY_CACHE to a writable"):
+        models._build_cache(spec, models.model_cache_path("smollm2-135m"))
+    assert not located  # refused before the GGUF is even looked for

@@ -7,6 +7,7 @@ import hashlib
 
 import pandas as pd
 import pytest
+import torch
 
 import tl_geometry as tlg
 from tl_geometry.errors import TLGeometryError
@@ -174,3 +175,19 @@ def test_a_dead_writer_leaves_no_lock(tmp_path):
     assert (tmp_path / "run" / ".tl-geometry.lock").read_text().startswith("tl-geometry pid")
     with RunFolder(tmp_path / "run").writing():  # the dead process's lock went with it
         pass
+
+
+def test_result_files_of_two_analyses_or_without_metadata_are_one_error(tmp_path, two_analyses):
+    from tl_geometry.io import load_tensors, save_tensors
+
+    first, _ = two_analyses
+    first.save(tmp_path)  # an unmarked folder, as Analysis.save writes
+    other = tlg.HeadTaxonomy.from_votes(torch.ones(5, 4, 3, dtype=torch.long))
+    other.save(tmp_path / "taxonomy.safetensors")
+    with pytest.raises(TLGeometryError, match="holds results of two analyses"):
+        tlg.Analysis.load(tmp_path)
+    tensors, meta = load_tensors(tmp_path / "geometry.safetensors", "GeometryResult")
+    tensors.pop("window_ids")
+    save_tensors(tmp_path / "geometry.safetensors", "GeometryResult", tensors, **meta)
+    with pytest.raises(TLGeometryError, match="window_ids, n or settings are missing"):
+        tlg.Analysis.load(tmp_path)

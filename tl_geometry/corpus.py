@@ -170,6 +170,10 @@ def load_corpus(spec: str | Path) -> Corpus:
     return corpus
 
 
+# Characters of one document above which make_windows says that it is tokenised whole.
+_LARGE_DOCUMENT = 2_000_000
+
+
 def _hash(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little")
 
@@ -211,6 +215,10 @@ def make_windows(model_or_tokenizer: Any, corpus: Corpus | str, seq_len: int = 2
     # when the documents run out (more windows than long documents) do later rounds revisit them.
     eligible, skipped = [], 0
     for doc_id, text in order:
+        if len(text) > _LARGE_DOCUMENT:
+            warnings.warn(f"corpus {corpus.name!r}: document {doc_id!r} holds {len(text) / 1e6:.0f} M characters, "
+                          "tokenised whole (a 15 MB document takes about 3 GB); separate its parts by blank lines "
+                          "(.txt) or lines (.jsonl) to need less memory.", stacklevel=2)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) < content:
             skipped += 1
