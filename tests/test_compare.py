@@ -124,3 +124,16 @@ def test_runs_with_the_same_folder_name_get_a_flat_default_output(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert main(["compare", str(tmp_path / "p1" / "run"), str(tmp_path / "p2" / "run")]) == 0
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["compare-p1-run-vs-p2-run"]
+
+
+def test_an_interrupted_comparison_does_not_block_its_rerun(tmp_path, pair):
+    for name, analysis in (("A", pair[0]), ("B", pair[1])):
+        RunFolder(tmp_path / name).write_analysis(analysis, {}, {})
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / ".tl-geometry").write_text("{}")
+    (out / "compare.csv").write_text("half")  # stopped between its two outputs
+    assert main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--out", str(out)]) == 0
+    assert (out / "compare.html").is_file() and (out / "compare.csv").read_text() != "half"
+    # a complete comparison is replaced only on request
+    assert main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--out", str(out)]) == 2
