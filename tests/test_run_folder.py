@@ -191,3 +191,16 @@ def test_result_files_of_two_analyses_or_without_metadata_are_one_error(tmp_path
     save_tensors(tmp_path / "geometry.safetensors", "GeometryResult", tensors, **meta)
     with pytest.raises(TLGeometryError, match="window_ids, n or settings are missing"):
         tlg.Analysis.load(tmp_path)
+
+
+def test_overwriting_a_folder_from_before_markers_clears_its_old_outputs(tmp_path, two_analyses):
+    first, second = two_analyses
+    first.save(tmp_path)  # the previous layout: results, no marker, no manifest
+    for name in ("drilldown_mixer.json", "pruning.csv"):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "notes.txt").write_text("the user's")
+    run = RunFolder(tmp_path)
+    run.check_new_analysis(overwrite=True, resume=False)
+    run.write_analysis(second, {}, {})
+    assert not (tmp_path / "drilldown_mixer.json").exists() and not (tmp_path / "pruning.csv").exists()
+    assert (tmp_path / "notes.txt").read_text() == "the user's" and run.is_owned and run.is_finished

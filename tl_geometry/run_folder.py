@@ -45,6 +45,7 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 from .io import MANIFEST, MARKER, atomic_path, check_sealed, head_name, manifest_files, sha256_file
+from .taxonomy import REGIMES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,8 +66,6 @@ DERIVED_TABLES = {
 LOCK = ".tl-geometry.lock"
 # Files of a finished analysis that the manifest vouches for (drill-downs are added by name).
 RESULT_FILES = ("geometry.safetensors", "taxonomy.safetensors", "settings.json", "heads.csv", "summary.csv")
-# Regimes whose drill-down figures a run writes (drilldown_<regime>.json).
-_DRILLDOWN_REGIMES = ("retriever", "mixer", "reset")
 
 
 # Columns of the derived tables that hold text; every other named column holds numbers.
@@ -249,15 +248,16 @@ class RunFolder:
         return its new run_id. The manifest goes first and comes back last, so a run stopped
         while saving is never taken for a finished one. Files tl-geometry wrote for a previous
         analysis here (its manifest's, the derived tables) are removed; nothing else is."""
+        legacy = self.is_legacy  # before the marker makes the folder tl-geometry's
         self.create()
         run_id = uuid.uuid4().hex
         geometry, taxonomy = (replace(result, settings={**result.settings, "run_id": run_id})
                               for result in (analysis.geometry, analysis.taxonomy))
         settings = {**settings, "run_id": run_id}
         previous = set(self._manifest_files())
-        if self.is_legacy:
-            previous |= {self.drilldown(regime).name for regime in _DRILLDOWN_REGIMES}
-        derived = set(self._manifest()) | (set(DERIVED_TABLES) if self.is_legacy else set())
+        if legacy:
+            previous |= {self.drilldown(regime).name for regime in REGIMES}
+        derived = set(self._manifest()) | (set(DERIVED_TABLES) if legacy else set())
         self.manifest.unlink(missing_ok=True)
         self.derived_manifest.unlink(missing_ok=True)
         geometry.save(self.geometry)
