@@ -397,3 +397,15 @@ def test_a_settings_file_edited_by_hand_is_named(finished_run, capsys):
     assert main(["report", str(finished_run.path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "settings.json" in err and "checksum" in err, err
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_folder(finished_run, capsys):
+    from tl_geometry.run_folder import RunFolder
+
+    with RunFolder(finished_run.path).writing():  # another process's analysis or prune, still running
+        before = snapshot(finished_run.path)
+        assert main(["report", str(finished_run.path)]) == 2
+        assert snapshot(finished_run.path) == before
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is being written by tl-geometry pid" in err, err
+    assert main(["report", str(finished_run.path)]) == 0  # once it is done
