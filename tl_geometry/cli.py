@@ -164,6 +164,24 @@ def _default_out(args: argparse.Namespace) -> str:
     return "runs/" + "-".join([name, *(extra for extra in extras if extra)])
 
 
+def _say_results(analysis, queries: str, say) -> None:
+    """The terminal's summary of a finished analysis: F_N top-N vs random with intervals, what NaN
+    means, the regime shares."""
+    result = analysis.geometry
+    summary = result.summary()
+    say(f"\nF_N, all heads ({queries} queries; mean over sequences, 95% bootstrap CI):")
+    for row in summary.itertuples():
+        say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
+            f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
+    if any(row.n == 1 and abs(row.gap) > 0 for row in summary.itertuples()):
+        say("  N=1 gap above 0: some contributions coincide (a random pick among them scores F = 0; in float16, "
+            "weights that underflow to 0 put their sources at the origin): docs/metrics.md#separability")
+    for reason in result.not_measurable():
+        say(f"  NaN means {reason}")
+    overall = analysis.taxonomy.fractions().iloc[-1]
+    say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
+
+
 def _analyze(args: argparse.Namespace) -> None:
     from .adapters import describe_model
     from .analysis import analyze
@@ -224,18 +242,7 @@ def _analyze(args: argparse.Namespace) -> None:
         run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
         report = _write_report(run, say)
         own_checkpoint.unlink(missing_ok=True)
-        summary = result.summary()
-        say(f"\nF_N, all heads ({args.queries} queries; mean over sequences, 95% bootstrap CI):")
-        for row in summary.itertuples():
-            say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
-                f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
-        if any(row.n == 1 and abs(row.gap) > 0 for row in summary.itertuples()):
-            say("  N=1 gap above 0: some contributions coincide (a random pick among them scores F = 0; in float16, "
-                "weights that underflow to 0 put their sources at the origin): docs/metrics.md#separability")
-        for reason in result.not_measurable():
-            say(f"  NaN means {reason}")
-        overall = analysis.taxonomy.fractions().iloc[-1]
-        say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
+        _say_results(analysis, args.queries, say)
         say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
             "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
         print(report.resolve())
