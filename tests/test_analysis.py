@@ -213,3 +213,13 @@ def test_geometry_under_the_users_own_hooks():
     torch.testing.assert_close(tlg.analyze(cache, tokens, (1, 2), repeats=1, progress=False,
                                            bootstrap=10).geometry.per_sequence["f_top"],
                                patched.geometry.per_sequence["f_top"], equal_nan=True, atol=1e-6, rtol=0)
+
+
+def test_config_and_keyword_settings_together_are_refused():
+    model = tiny_model(4, 2)
+    tokens = random_tokens(2, 9, seed=1)
+    config = tlg.RunConfig(n=(1, 2), repeats=1, bootstrap=10)
+    with pytest.raises(TLGeometryError, match="config= or as keywords, not both: .* n, queries"):
+        tlg.analyze(model, tokens, (1, 4), queries="all", config=config, progress=False)
+    # the defaults beside config are no setting: config alone decides
+    assert tlg.analyze(model, tokens, config=config, progress=False).geometry.n == (1, 2)

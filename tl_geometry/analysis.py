@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import warnings
@@ -241,6 +242,15 @@ def _cache_tokens(cache, tokens_or_texts, attention_mask) -> tuple[Tensor, Tenso
     return tokens, attention_mask
 
 
+def _differs(value: Any, default: Any) -> bool:
+    """Whether a keyword setting was changed from its default (tensors always count as given)."""
+    if isinstance(value, Tensor):
+        return True
+    if isinstance(value, list | tuple) and isinstance(default, tuple):
+        return tuple(value) != default
+    return value != default
+
+
 def analyze(
     model: Any,
     tokens_or_texts: Tensor | Sequence[str] | str | None = None,
@@ -277,7 +287,8 @@ def analyze(
         n, queries, taxonomy_queries, distance, ranking, exclude_sink, repeats, seed, bootstrap, sink:
             the run's :class:`~tl_geometry.config.RunConfig` (its docstring says what each means;
             ``repeats="auto"``: 16 random rankings per query for the last query, one per query
-            for all queries of 256-token windows). Or pass ``config`` itself.
+            for all queries of 256-token windows). Or pass ``config`` itself (not both: a keyword
+            setting beside ``config`` is refused).
         batch_size: windows per forward pass.
         window_ids: global window index of each row (default ``0..seq-1``); shards pass theirs.
         checkpoint: a file updated after every batch; if it exists (same settings and windows) the
@@ -291,10 +302,16 @@ def analyze(
         :class:`Analysis` with ``geometry`` (``[seq, layer, head, n]`` per-sequence values) and
         ``taxonomy`` (labels ``[layer, head]``).
     """
+    settings = dict(n=n, queries=queries, taxonomy_queries=taxonomy_queries, distance=distance, ranking=ranking,
+                    exclude_sink=exclude_sink, repeats=repeats, seed=seed, bootstrap=bootstrap, sink=sink)
     if config is None:
-        config = RunConfig(n=n, queries=queries, taxonomy_queries=taxonomy_queries, distance=distance,
-                           ranking=ranking, exclude_sink=exclude_sink, repeats=repeats, seed=seed,
-                           bootstrap=bootstrap, sink=sink)
+        config = RunConfig(**settings)
+    else:  # one source of settings: a keyword beside config= would otherwise be dropped without a word
+        defaults = inspect.signature(analyze).parameters
+        given = [name for name, value in settings.items() if _differs(value, defaults[name].default)]
+        if given:
+            raise TLGeometryError(f"pass the settings as config= or as keywords, not both: config= was given with "
+                                  f"{', '.join(given)}; use dataclasses.replace(config, ...) to change it.")
     cache = model if is_cache(model) else None
     if cache is not None:
         if checkpoint is not None:

@@ -18,7 +18,7 @@ per (sequence, head) walks its rows once and computes all of it from the same wo
   from the certificate's Gram bounds at ``t`` (docs/theory.md; slacks of Lemma 3).
 
 Equivalence with the separate functions (``separability``, ``sink_geometry``,
-``sink_aware_bounds``, ``winner_sources``) is tested in ``tests/test_layer_kernel.py``.
+``sink_aware_bounds``, ``winner_sources``) is tested in ``tests/test_layer_measures.py``.
 """
 
 from __future__ import annotations

@@ -127,18 +127,12 @@ class LayerMeasures:
 def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: Backend = "auto",
                   workspace: Workspace | None = None) -> LayerMeasures:
     """Measure one layer (see :class:`LayerMeasures`); ``random`` None (or 0 repeats) skips the
-    random baseline. ``backend="auto"``: fused on CPU (when numba imports), torch elsewhere.
+    random baseline. ``backend="auto"``: fused on CPU tensors, torch elsewhere.
     ``workspace``: scratch kept from layer to layer (a run passes one; default: fresh tensors)."""
     if backend not in ("auto", "fused", "torch"):
         raise TLGeometryError(f"backend must be 'auto', 'fused' or 'torch'; got {backend!r}.")
     if backend == "auto":
-        backend = "torch"
-        if att.pattern.device.type == "cpu":
-            try:
-                from . import layer_kernel  # noqa: F401
-                backend = "fused"
-            except ImportError:
-                pass
+        backend = "fused" if att.pattern.device.type == "cpu" else "torch"
     if random is not None and random.repeats == 0:
         random = None
     # The fused pass checks the values from their squared norms (see _measure_fused).

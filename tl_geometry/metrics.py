@@ -160,20 +160,16 @@ def _separability(pattern, v, n, *, distance="euclidean", ranking="attention", q
 
 
 def _run_backend(job: SeparabilityJob, backend: Backend, chunk_elements: int, gram_cache: dict | None):
-    """The fused backend for CPU tensors (when numba imports; ``"numba"`` insists), torch otherwise."""
+    """The fused backend for CPU tensors (numba is a dependency), torch otherwise."""
     if backend not in ("auto", "numba", "torch"):
         raise TLGeometryError(f"backend must be 'auto', 'numba' or 'torch'; got {backend!r}.")
     device = job.pattern.device
     if backend == "numba" and device.type != "cpu":
         raise TLGeometryError(f"backend='numba' runs on CPU tensors; these are on {device}. Use backend='auto'.")
     if backend != "torch" and device.type == "cpu":
-        try:
-            from .separability_fused import separability_fused
-        except ImportError as err:
-            if backend == "numba":
-                raise ImportError(f"backend='numba' needs numba ({err}); pip install numba, or use backend='torch'.") from err
-        else:
-            return separability_fused(job, gram_cache=gram_cache)
+        from .separability_fused import separability_fused
+
+        return separability_fused(job, gram_cache=gram_cache)
     return separability_torch(job, chunk_elements=chunk_elements)
 
 

@@ -161,13 +161,10 @@ def _sink_products(values: Tensor) -> Tensor:
 
 def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram: Tensor | None):
     """(newest, max, sum of |cos| over ordered non-sink pairs) by the numba kernel; None where it
-    does not apply (not a CPU tensor, or numba missing)."""
+    does not apply (not a CPU tensor)."""
     if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
         return None
-    try:
-        from .layer_kernel import integer_like, pair_cosine_statistics
-    except ImportError:
-        return None
+    from .layer_kernel import integer_like, pair_cosine_statistics
     from .query_rows import gram_blocks
 
     batch, n_kv, n_k, _ = values.shape

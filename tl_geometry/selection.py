@@ -45,12 +45,9 @@ def squared_value_norms(values: Float[Tensor, "batch kv key d"]) -> Float[Tensor
     """``‖v‖²`` in float64: the one computation behind every contribution ranking (``α‖v‖``), so
     separability (either backend), the bounds and the sink diagnostics select the same sets."""
     if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
-        try:
-            from .separability_kernel import squared_norms
-        except ImportError:
-            pass
-        else:
-            return torch.from_numpy(squared_norms(values.detach().contiguous().numpy()))
+        from .separability_kernel import squared_norms
+
+        return torch.from_numpy(squared_norms(values.detach().contiguous().numpy()))
     return values.detach().double().pow(2).sum(-1)
 
 
