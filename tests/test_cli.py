@@ -409,3 +409,21 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(finished_ru
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is being written by tl-geometry pid" in err, err
     assert main(["report", str(finished_run.path)]) == 0  # once it is done
+
+
+@pytest.mark.parametrize("gap, said", [(1e-7, False), (0.012, True)])
+def test_an_n1_gap_is_explained_only_when_it_shows(gap, said):
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from tl_geometry.cli import _say_results
+
+    summary = pd.DataFrame({"n": [1, 2], "f_top": [1.0, 0.7], "f_top_low": [1.0, 0.6], "f_top_high": [1.0, 0.8],
+                            "f_random": [1.0 - gap, 0.3], "gap": [gap, 0.4], "gap_low": [gap, 0.3], "gap_high": [gap, 0.5]})
+    fractions = pd.DataFrame({"retriever": [0.1], "mixer": [0.3], "reset": [0.6]})
+    analysis = SimpleNamespace(geometry=SimpleNamespace(summary=lambda: summary, not_measurable=lambda: []),
+                               taxonomy=SimpleNamespace(fractions=lambda: fractions))
+    lines = []
+    _say_results(analysis, "last", lines.append)
+    assert any("N=1 gap above 0" in line for line in lines) == said
