@@ -15,11 +15,14 @@ from typing import Any, Literal, get_args
 
 from .errors import TLGeometryError
 
-__all__ = ["RunConfig", "Queries", "Distance", "Ranking", "RANDOM_DRAWS"]
+__all__ = ["RunConfig", "Queries", "Distance", "Ranking", "AblationMode", "ImportanceMethod", "RANDOM_DRAWS"]
 
+# The modes of every public signature, defined once (docs/metrics.md says what each means).
 Queries = Literal["last", "all"]
 Distance = Literal["euclidean", "cosine"]
 Ranking = Literal["attention", "contribution"]
+AblationMode = Literal["zero", "mean", "sink"]
+ImportanceMethod = Literal["magnitude", "entropy", "gradient", "random", "taxonomy"]
 # "auto" random rankings: at least this many draws per (window, head) in total.
 RANDOM_DRAWS = 16
 

@@ -19,13 +19,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapters import ModelInfo, attention_weights, describe_model, sequence_nll, stream_layers
+from .config import AblationMode, ImportanceMethod
 from .errors import TLGeometryError
 from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, z_hook_name
 from .io import token_digest
@@ -37,8 +38,8 @@ __all__ = [
     "mean_nll", "pruning_curve", "single_head_scan", "TopNDeletion", "topn_deletion",
 ]
 
-ABLATION_MODES = ("zero", "mean", "sink")
-IMPORTANCE_METHODS = ("magnitude", "entropy", "gradient", "random", "taxonomy")
+ABLATION_MODES = get_args(AblationMode)
+IMPORTANCE_METHODS = get_args(ImportanceMethod)
 Head = tuple[int, int]
 
 
@@ -46,7 +47,7 @@ class HeadAblation:
     """Ablation of a set of query heads. Use ``with ablation:`` or pass ``ablation.fwd_hooks`` to
     ``run_with_hooks``; leaving the context removes exactly these hooks."""
 
-    def __init__(self, model: Any, fwd_hooks: list[tuple[str, Callable]], heads: list[Head], mode: str):
+    def __init__(self, model: Any, fwd_hooks: list[tuple[str, Callable]], heads: list[Head], mode: AblationMode):
         self.model, self.fwd_hooks, self.heads, self.mode = model, fwd_hooks, heads, mode
         self._handles: list = []
 
@@ -131,7 +132,7 @@ def ablate_heads(
     model: Any,
     heads: Iterable[Head],
     *,
-    mode: str = "zero",
+    mode: AblationMode = "zero",
     reference_tokens: Int[Tensor, "batch pos"] | None = None,
     reference_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> HeadAblation:
@@ -174,7 +175,7 @@ def ablate_regime(
     *,
     k: int | None = None,
     seed: int = 0,
-    mode: str = "zero",
+    mode: AblationMode = "zero",
     reference_tokens: Tensor | None = None,
     reference_mask: Tensor | None = None,
 ) -> HeadAblation:
@@ -269,7 +270,7 @@ def taxonomy_importance(taxonomy: HeadTaxonomy) -> Float[Tensor, "layer head"]:
 def head_importance(
     model: Any,
     tokens: Int[Tensor, "batch pos"] | None = None,
-    method: str = "gradient",
+    method: ImportanceMethod = "gradient",
     *,
     attention_mask: Tensor | None = None,
     taxonomy: HeadTaxonomy | None = None,
@@ -323,7 +324,7 @@ def pruning_curve(
     retention: Sequence[float] = (1.0, 0.9, 0.75, 0.5, 0.25),
     *,
     attention_mask: Tensor | None = None,
-    mode: str = "zero",
+    mode: AblationMode = "zero",
     batch_size: int = 8,
     progress: bool = True,
 ):
@@ -358,7 +359,7 @@ def single_head_scan(
     tokens: Int[Tensor, "batch pos"],
     *,
     attention_mask: Tensor | None = None,
-    mode: str = "zero",
+    mode: AblationMode = "zero",
     batch_size: int = 8,
     checkpoint: str | Path | None = None,
     progress: bool = True,

@@ -34,16 +34,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .config import Distance, Queries, Ranking
 from .errors import TLGeometryError
-from .query_rows import (
-    QueryRows,
-    SeparabilityJob,
-    as_n_tuple,
-    prepare_separability,
-    query_positions,
-    query_rows,
-)
-from .selection import top_order
+from .query_rows import SeparabilityJob, as_n_tuple, prepare_separability
 from .separability_torch import CHUNK_ELEMENTS, separability_torch
 
 __all__ = [
@@ -53,10 +46,6 @@ __all__ = [
     "random_separability",
     "separability_over_rankings",
     "inversion_bounds",
-    "query_positions",
-    "top_order",
-    "QueryRows",
-    "query_rows",
 ]
 
 Backend = Literal["auto", "numba", "torch"]
@@ -109,9 +98,9 @@ def separability(
     v: Float[Tensor, "batch key kv_head d_head"],
     n: int | Sequence[int],
     *,
-    distance: str = "euclidean",
-    ranking: str | Tensor = "attention",
-    queries: str | Tensor = "all",
+    distance: Distance = "euclidean",
+    ranking: Ranking | Tensor = "attention",
+    queries: Queries | Tensor = "all",
     exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,

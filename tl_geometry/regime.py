@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .config import Queries, Ranking
 from .errors import TLGeometryError
 from .query_rows import as_n_tuple, check_inputs, query_rows
 from .selection import precision_from_outside, squared_value_norms, top_order
@@ -335,8 +336,8 @@ def sink_aware_bounds(
     v: Float[Tensor, "batch key kv_head d_head"],
     n: int | Sequence[int],
     *,
-    ranking: str | Tensor = "attention",
-    queries: str | Tensor = "all",
+    ranking: Ranking | Tensor = "attention",
+    queries: Queries | Tensor = "all",
     exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,

@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .config import Queries, Ranking
 from .metrics import Separability
 from .query_rows import as_n_tuple, query_rows
 from .selection import COS_EPS, top_order
@@ -101,8 +102,8 @@ def sink_geometry(
     v: Float[Tensor, "batch key kv_head d_head"],
     n: int | Sequence[int] = (1, 2, 4, 8, 16, 32),
     *,
-    ranking: str | Tensor = "attention",
-    queries: str | Tensor = "all",
+    ranking: Ranking | Tensor = "attention",
+    queries: Queries | Tensor = "all",
     exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
