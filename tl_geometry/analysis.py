@@ -108,7 +108,7 @@ class Analysis:
         check_sealed(folder)  # a run folder: only a finished analysis whose files match its manifest
         geometry = GeometryResult.load(folder / "geometry.safetensors")
         taxonomy = HeadTaxonomy.load(folder / "taxonomy.safetensors")
-        heads = tuple(next(iter(geometry.per_sequence.values())).shape[1:3]) if geometry.per_sequence else None
+        heads = (geometry.n_layers, geometry.n_heads) if geometry.per_sequence else None
         if heads is not None and heads != tuple(taxonomy.shape):
             raise TLGeometryError(f"{str(folder)!r} holds results of two analyses: geometry of {heads[0]}×{heads[1]} "
                                   f"heads beside a taxonomy of {taxonomy.shape[0]}×{taxonomy.shape[1]}; rerun "

@@ -14,7 +14,6 @@ Any other name goes to ``TransformerBridge.boot_transformers`` (needs the Huggin
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .errors import TLGeometryError
+from .io import sha256_file
 
 __all__ = ["BUNDLED_MODELS", "BundledModel", "cache_dir", "load_model", "model_cache_path"]
 
@@ -75,7 +75,7 @@ def _locate_gemma3() -> Path:
     except ModuleNotFoundError:
         raise _missing("gemma-3-270m", install) from None
     target = cache_dir() / "gguf" / pkg.MODEL_NAME
-    if target.exists() and _sha256(target) == pkg.EXPECTED_SHA256:
+    if target.exists() and sha256_file(target) == pkg.EXPECTED_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     return Path(pkg.assemble(target, overwrite=True))
@@ -109,16 +109,8 @@ def model_cache_path(name: str) -> Path:
     return cache_dir() / "models" / f"{name}-v{_CACHE_FORMAT}"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _manifest(folder: Path) -> dict[str, str]:
-    return {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.name != "manifest.json"}
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.name != "manifest.json"}
 
 
 def _cache_is_valid(folder: Path) -> bool:
