@@ -169,14 +169,14 @@ def _as_separability(q: dict[str, Tensor], ns: tuple[int, ...], qpos: Tensor):
 def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: Tensor | None = None,
                     squares: Tensor | None = None):
     """Per-kv statistics, the regime fit and the certificates' table (shared statistics)."""
-    stats = value_statistics(values, key_mask, gram, squares)
+    stats = value_statistics(values, key_mask, gram)
     per_kv = value_sink_statistics(stats.norms, stats.cosines, stats.nonsink)
     cosine_by_lag = per_kv.pop("cosine_by_lag")
     fit = fit_from_statistics(stats)
     per_kv.update({name: getattr(fit, name) for name in FIT_FIELDS}, regime_holds=fit.holds().to(values.dtype))
     table = None
     if config.distance == "euclidean":
-        table = certificate_table(stats, values.shape[-1], values.shape[2], unit_roundoff(values.dtype, values.device))
+        table = certificate_table(stats, values, unit_roundoff(values.dtype, values.device), squares)
     return per_kv, cosine_by_lag, table
 
 

@@ -112,8 +112,7 @@ class ValueStatistics:
     (computed once). ``norms`` and ``cosines`` (cos(v_0, v_j)) ``[batch, kv, key]``; ``nonsink``
     ``[batch, key]`` (real keys j > 0); over non-sink pairs i ≠ j: ``newest`` ``[batch, kv, key]``
     (``max_{i<t} |cos(v_t, v_i)|``, 0 without such a pair), ``coherence_max`` and ``coherence_mean``
-    ``[batch, kv]`` (NaN without pairs). For the certificates, in float64: ``squares`` ``‖v_j‖²`` and
-    ``sink_products`` ``⟨v_0, v_j⟩`` ``[batch, kv, key]`` (no cosine guard, no working-dtype rounding)."""
+    ``[batch, kv]`` (NaN without pairs)."""
 
     norms: Float[Tensor, "batch kv key"]
     cosines: Float[Tensor, "batch kv key"]
@@ -121,22 +120,16 @@ class ValueStatistics:
     newest: Float[Tensor, "batch kv key"]
     coherence_max: Float[Tensor, "batch kv"]
     coherence_mean: Float[Tensor, "batch kv"]
-    squares: Float[Tensor, "batch kv key"]
-    sink_products: Float[Tensor, "batch kv key"]
 
 
 def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Tensor, "batch key"],
-                     gram: Float[Tensor, "batch kv key key"] | None = None,
-                     squares: Float[Tensor, "batch kv key"] | None = None) -> ValueStatistics:
+                     gram: Float[Tensor, "batch kv key key"] | None = None) -> ValueStatistics:
     """:class:`ValueStatistics` of ``[batch, kv, key, d]`` values (float32 or wider).
 
     On the CPU the pair statistics come from the Gram matrix ``V Vᵀ`` (the caller's ``gram``, or
     one per block of sequences) in one numba pass that never holds the ``[key, key]`` cosine
-    matrix; elsewhere from that matrix in torch. ``squares``: the caller's float64 ``‖v‖²``
-    (``selection.squared_value_norms``), when it has them."""
+    matrix; elsewhere from that matrix in torch."""
     norms, cosines, nonsink = value_norms_and_sink_cosines(values, key_mask)
-    squares = squared_value_norms(values) if squares is None else squares
-    sink_products = _sink_products(values)
     n_nonsink = nonsink.sum(-1, keepdim=True)
     n_pairs = n_nonsink * (n_nonsink - 1)  # ordered pairs i ≠ j, [batch, 1]
     pairs = _pair_statistics_fused(values, norms, nonsink, gram)
@@ -146,8 +139,7 @@ def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Ten
         pairs = newest, abs_cos.amax((-1, -2)), abs_cos.sum((-1, -2))
     newest, largest, total = pairs
     nan = torch.tensor(torch.nan, dtype=norms.dtype, device=norms.device)
-    return ValueStatistics(norms, cosines, nonsink, newest, torch.where(n_pairs > 0, largest, nan), total / n_pairs,
-                           squares, sink_products)
+    return ValueStatistics(norms, cosines, nonsink, newest, torch.where(n_pairs > 0, largest, nan), total / n_pairs)
 
 
 def _sink_products(values: Tensor) -> Tensor:
@@ -289,9 +281,11 @@ def _gamma(m: int, u: float) -> float:
     return m * u / (1 - m * u) if m * u < 1 else math.inf
 
 
-def certificate_table(stats: ValueStatistics, d_head: int, n_keys: int, roundoff: float
-                      ) -> dict[str, Float[Tensor, "batch kv key"]]:
-    """What the certificates of every prefix ``0..t`` need, in float64 (``CERTIFICATE_KEYS``).
+def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
+                      squares: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
+    """What the certificates of every prefix ``0..t`` of ``values`` need, in float64
+    (``CERTIFICATE_KEYS``), from their statistics and the float64 ``‖v‖²`` (``squares``, the
+    caller's :func:`~tl_geometry.selection.squared_value_norms` when it has them) and ``⟨v_0, v_j⟩``.
 
     Gram bounds by pair type (docs/theory.md, Lemma 1): ``diag_lo``/``diag_hi`` the range of the
     non-sink ``‖v_j‖²``; ``pair_hi = −pair_lo = μ⁺·diag_hi`` with ``μ⁺ = (μ + γ_{d+4})(1 + γ_{2d+8})``
@@ -301,8 +295,10 @@ def certificate_table(stats: ValueStatistics, d_head: int, n_keys: int, roundoff
     rounding in the working precision ``roundoff`` and ``slack_64 = 16·γ_m(2⁻⁵³)·M`` for the
     certificate's own float64 arithmetic, ``m = 2(n_keys + d_head) + 16``. A prefix without
     non-sink keys has zero ranges (no term uses them there)."""
+    n_keys, d_head = values.shape[2], values.shape[3]
     mask = stats.nonsink[:, None, :]
-    squares, products = stats.squares, stats.sink_products
+    squares = squared_value_norms(values) if squares is None else squares
+    products = _sink_products(values)
     diag_lo = torch.where(mask, squares, torch.inf).cummin(-1).values
     diag_lo = torch.where(torch.isinf(diag_lo), 0.0, diag_lo)
     diag_hi = torch.where(mask, squares, 0.0).cummax(-1).values
@@ -359,7 +355,7 @@ def sink_aware_bounds(
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
     stats = value_statistics(rows.values, rows.key_mask)
-    table = certificate_table(stats, rows.values.shape[-1], n_k, unit_roundoff(rows.values.dtype, pattern.device))
+    table = certificate_table(stats, rows.values, unit_roundoff(rows.values.dtype, pattern.device))
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
     g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in table.items()}  # [b, h, q, 1], float64
 

@@ -91,15 +91,28 @@ def _dot(values, b, kv, k, y):
 
 
 @numba.njit(cache=True, nogil=True)
-def squared_norms(values):
-    """``‖v‖²`` in float64 over the last axis of ``[batch, kv, key, d]`` values (no float64 copy)."""
+def _products(values, with_sink):
+    """``v_k · v_k`` (or ``v_k · v_0`` with ``with_sink``) in float64 for every key of
+    ``[batch, kv, key, d]`` values, without a float64 copy (products of float32 entries are exact)."""
     n_batch, n_kv, n_k, _ = values.shape
     out = np.empty((n_batch, n_kv, n_k))
     for b in range(n_batch):
         for h in range(n_kv):
             for k in range(n_k):
-                out[b, h, k] = _dot(values, b, h, k, values[b, h, k])
+                out[b, h, k] = _dot(values, b, h, k, values[b, h, 0] if with_sink else values[b, h, k])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def squared_norms(values):
+    """``‖v‖²`` in float64 over the last axis of ``[batch, kv, key, d]`` values."""
+    return _products(values, False)
+
+
+@numba.njit(cache=True, nogil=True)
+def sink_products(values):
+    """``⟨v_0, v_k⟩`` in float64 for every key: the sink's Gram row, which the certificates bound."""
+    return _products(values, True)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -110,19 +123,6 @@ def norms_from_squares(value_sq):
     flat_in, flat_out = value_sq.reshape(-1), out.reshape(-1)
     for i in range(flat_in.shape[0]):
         flat_out[i] = math.sqrt(flat_in[i])
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def sink_products(values):
-    """``⟨v_0, v_k⟩`` in float64 for every key of ``[batch, kv, key, d]`` values (products of
-    float32 entries are exact in float64): the sink's Gram row, which the certificates bound."""
-    n_batch, n_kv, n_k, _ = values.shape
-    out = np.empty((n_batch, n_kv, n_k))
-    for b in range(n_batch):
-        for h in range(n_kv):
-            for k in range(n_k):
-                out[b, h, k] = _dot(values, b, h, k, values[b, h, 0])
     return out
 
 
