@@ -92,18 +92,23 @@ def _drilldowns(model, analysis, windows) -> dict[str, str]:
     return figures
 
 
-def _write_report(run: RunFolder, say=print) -> Path:
-    """report.html from the files of a run folder (no model needed); derived tables of another
-    analysis are left out, with a word."""
-    from .report import write_report
-
+def _report_parts(run: RunFolder, say=print) -> dict:
+    """What report.html is built from, read from the files of a run folder (no model needed);
+    derived tables of another analysis are left out, with a word."""
     analysis = run.read_analysis()
     extras, foreign = run.read_report_extras(analysis)
     if foreign:
         say(f"left out of the report: {', '.join(foreign)} (computed from an earlier analysis; rerun tl-geometry prune)")
     settings = analysis.geometry.settings
     title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
-    return write_report(analysis, run.report, title=title, drilldowns=run.read_drilldowns(), **extras)
+    return dict(analysis=analysis, title=title, drilldowns=run.read_drilldowns(), **extras)
+
+
+def _write_report(run: RunFolder, say=print, parts: dict | None = None) -> Path:
+    """report.html of a run folder, from ``parts`` when the caller has read them already."""
+    from .report import write_report
+
+    return write_report(path=run.report, **(_report_parts(run, say) if parts is None else parts))
 
 
 def _check_model_flags(args: argparse.Namespace, bundled: bool) -> None:
@@ -309,10 +314,10 @@ def _prune(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     run = RunFolder(args.run)
-    run.read_report_extras(run.read_analysis())  # a finished run with readable tables, before anything is written
+    parts = _report_parts(run, lambda *a: print(*a, file=sys.stderr))  # every file read before anything is written
     run.check_writable()
     with run.writing():
-        print(_write_report(run, lambda *a: print(*a, file=sys.stderr)).resolve())
+        print(_write_report(run, parts=parts).resolve())
 
 
 def _compare(args: argparse.Namespace) -> None:
