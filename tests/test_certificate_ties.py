@@ -152,23 +152,17 @@ DTYPES = {"float32": (torch.float32, torch.float32), "float64": (torch.float64, 
 OPTIONS = {"attention": {}, "contribution": {"ranking": "contribution"}}
 
 
-@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
-@pytest.mark.parametrize("dtypes", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("route", ROUTES.keys())
-@pytest.mark.parametrize("name", FAMILIES.keys())
-def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes, options):
+def certified_around_the_switch(name, measure, pattern_dtype, value_dtype, options):
+    """The family is tight (at ``far`` the certificate proves what is measured); bisect to the
+    measured switch at the family's N and check the certificate there and at the neighbours."""
     family, lo, hi, far = FAMILIES[name]
-    pattern_dtype, value_dtype = dtypes
     work = torch.promote_types(pattern_dtype, value_dtype)
-    measure = ROUTES[route]
-
     n = family(far)[2]
 
     def measured(x):
         p, r, _, _ = measure(*_tensors(family, x, pattern_dtype, value_dtype), **options)
         return _at_n(p, n), _at_n(r, n)
 
-    # The family is tight: away from the switch the certificate proves what is measured.
     p, r, p_low, r_low = _check(measure, family, far, pattern_dtype, value_dtype, options)
     assert (_at_n(p_low, n), _at_n(r_low, n)) == (_at_n(p, n), _at_n(r, n)) == (1.0, 1.0)
     a, b = bisect_switch(measured, lo, hi, work)
@@ -176,19 +170,16 @@ def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes,
         _check(measure, family, _float(bits, work), pattern_dtype, value_dtype, options)
 
 
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+@pytest.mark.parametrize("dtypes", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("route", ROUTES.keys())
+@pytest.mark.parametrize("name", FAMILIES.keys())
+def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes, options):
+    certified_around_the_switch(name, ROUTES[route], *dtypes, options)
+
+
 @pytest.mark.parametrize("route", ROUTES.keys())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_certificates_hold_at_the_switch_with_the_sink_excluded(route, dtype):
     # the coherent triple does not involve the sink: without it the theorem is still attained
-    measure = ROUTES[route]
-    options = {"exclude_sink": True}
-
-    def measured(x):
-        p, r, _, _ = measure(*_tensors(coherent_triple, x, dtype, dtype), **options)
-        return _at_n(p, 2), _at_n(r, 2)
-
-    p, r, p_low, r_low = _check(measure, coherent_triple, 0.01, dtype, dtype, options)
-    assert (_at_n(p_low, 2), _at_n(r_low, 2)) == (_at_n(p, 2), _at_n(r, 2)) == (1.0, 1.0)
-    a, b = bisect_switch(measured, 0.01, 0.1, dtype)
-    for bits in range(a - NEIGHBOURS, b + NEIGHBOURS + 1):
-        _check(measure, coherent_triple, _float(bits, dtype), dtype, dtype, options)
+    certified_around_the_switch("coherent_triple", ROUTES[route], dtype, dtype, {"exclude_sink": True})
