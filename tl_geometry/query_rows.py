@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TypedDict
 
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from .config import Distance, Ranking
 from .errors import TLGeometryError
-from .selection import selection_scores, value_norms64
+from .selection import selection_scores, squared_value_norms, value_norms64
 
 __all__ = [
     "SeparabilityJob",
@@ -226,8 +227,14 @@ class QueryRows:
         """:func:`selection_scores` of the rows (a score tensor must be shaped like the rows)."""
         if isinstance(ranking, Tensor) and ranking.shape != self.alpha.shape:
             raise TLGeometryError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
-        norm64 = value_norms64(self.values) if isinstance(ranking, str) and ranking == "contribution" else None
+        norm64 = value_norms64(self.values, self.squares) if isinstance(ranking, str) and ranking == "contribution" else None
         return selection_scores(self.alpha, self.candidates(exclude_sink)[:, None], ranking, norm64, self.group)
+
+    @cached_property
+    def squares(self) -> Float[Tensor, "batch kv key"]:
+        """``‖v‖²`` in float64 (:func:`~tl_geometry.selection.squared_value_norms`), computed once for
+        every consumer of these rows (contribution scores, certificates)."""
+        return squared_value_norms(self.values)
 
 
 def query_rows(

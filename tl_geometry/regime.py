@@ -355,7 +355,7 @@ def sink_aware_bounds(
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
     stats = value_statistics(rows.values, rows.key_mask)
-    table = certificate_table(stats, rows.values, unit_roundoff(rows.values.dtype, pattern.device))
+    table = certificate_table(stats, rows.values, unit_roundoff(rows.values.dtype, pattern.device), rows.squares)
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
     g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in table.items()}  # [b, h, q, 1], float64
 
