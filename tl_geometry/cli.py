@@ -340,9 +340,7 @@ def _compare(args: argparse.Namespace) -> None:
                               "another --out")
     analyses = [run.read_analysis() for run in runs]
     out.check_writable()
-    foreign = [name for name in out._foreign_files() if name not in ("compare.html", "compare.csv")]
-    if foreign:
-        raise TLGeometryError(f"{str(out.path)!r} is not empty and was not written by tl-geometry: choose another --out")
+    out.check_not_foreign(ours=(page.name, table.name))
     comparison = compare(*analyses, names=(names[0], names[1]))
     frame = comparison.to_dataframe() if comparison.head_by_head else comparison.curves()
     for line in comparison.summary_lines():

@@ -157,12 +157,18 @@ class RunFolder:
                                   "run tl-geometry analyze first")
         check_sealed(self.path)
 
-    def _foreign_files(self) -> list[str]:
-        """Names in an existing folder that make it someone else's: any file when the folder is
-        neither marked as tl-geometry's nor a legacy run folder."""
+    def check_not_foreign(self, ours: tuple[str, ...] = ()) -> None:
+        """Refuse an existing non-empty folder that is neither marked as tl-geometry's nor a legacy
+        run folder (``ours``: names that a folder of the caller's kind may hold before its marker,
+        e.g. the outputs of an earlier comparison)."""
         if not self.path.is_dir() or self.is_owned or self.is_legacy:
-            return []
-        return sorted(p.name for p in self.path.iterdir())
+            return
+        foreign = sorted(p.name for p in self.path.iterdir() if p.name not in ours)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+            raise TLGeometryError(f"{str(self.path)!r} is not empty and was not written by tl-geometry ({shown}): "
+                                  "choose another --out (a new or empty folder); --overwrite never replaces "
+                                  "files tl-geometry did not write")
 
     # ----- one writer ---------------------------------------------------------------------------
     @contextmanager
@@ -194,12 +200,7 @@ class RunFolder:
         written. Changes nothing on disk."""
         if self.path.exists() and not self.path.is_dir():
             raise TLGeometryError(f"output folder {str(self.path)!r} is a file, not a folder: choose another --out")
-        foreign = self._foreign_files()
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
-            raise TLGeometryError(f"{str(self.path)!r} is not empty and was not written by tl-geometry ({shown}): "
-                                  "choose another --out (a new or empty folder); --overwrite never replaces "
-                                  "files tl-geometry did not write")
+        self.check_not_foreign()
         if self.is_interrupted and not (resume or overwrite):
             raise TLGeometryError(f"{str(self.path)!r} was interrupted while saving its results: rerun the same "
                                   "command with --resume (or --overwrite to start again)")
