@@ -22,10 +22,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from . import _engine as engine
 from .config import RunConfig
 from .errors import TLGeometryError
 from .metrics import inversion_bounds, separability, separability_over_rankings
@@ -61,14 +63,10 @@ class RandomDraws:
                    exclude_sink: bool) -> Int[Tensor, "repeat batch head q max_n"]:
         """The best-``max_n`` sources of every random ranking (-1 past the candidates), as the
         fused pass draws them."""
-        import numpy as np
-
-        from .layer_kernel import random_top_orders
-
         out = torch.full((self.repeats, *qpos.shape[:1], n_heads, qpos.shape[1], max_n), -1, dtype=torch.int64)
-        random_top_orders(self.keys.cpu().numpy().view(np.uint64), key_mask.cpu().contiguous().numpy(),
-                          qpos.cpu().contiguous().numpy(), qvalid.cpu().contiguous().numpy(), n_heads, self.repeats,
-                          max_n, exclude_sink, out.numpy())
+        engine.random_top_orders(self.keys.cpu().numpy().view(np.uint64), key_mask.cpu().contiguous().numpy(),
+                                 qpos.cpu().contiguous().numpy(), qvalid.cpu().contiguous().numpy(), exclude_sink,
+                                 out.numpy())
         return out
 
     def scores(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int, exclude_sink: bool
@@ -224,12 +222,8 @@ def _positions(att, queries: str) -> Tensor:
 
 
 def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace: Workspace) -> LayerMeasures:
-    import numpy as np
-
-    from .layer_kernel import integer_like, layer_rows
     from .query_rows import GRAM_BYTES, check_distribution, gram_blocks, query_positions, row_sum_tolerance
     from .selection import squared_value_norms, value_norms64
-    from .separability_kernel import numba_threads
 
     pattern = att.pattern.detach()
     if pattern.dtype not in (torch.float32, torch.float64):
@@ -279,63 +273,57 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
             g = torch.stack([table[key] for key in CERTIFICATE_KEYS]).contiguous()
     value_norm64 = value_norms64(values, value_sq) if config.ranking == "contribution" else value_sq
     keys = (np.zeros(batch, dtype=np.uint64) if random is None else random.keys.cpu().numpy().view(np.uint64))
+    rule = engine.Rule(np.asarray(ns, dtype=np.int64), 0 if config.ranking == "attention" else 1, config.exclude_sink,
+                       config.distance == "euclidean", use_gram, group)
+    plan = engine.LayerPlan(geometry_all, taxonomy_all, repeats, config.sink, want_bounds,
+                            row_sum_tolerance(att.pattern.dtype), engine.integer_like(pattern.element_size()))
 
     def full(*shape, fill=torch.nan, dtype=torch.float64):
         return torch.full(shape, fill, dtype=dtype)
 
-    metric = {name: full(batch, heads, n_sel, n_out) for name in
-              ("precision", "recall", "f", "margin", "inversions", "align_sink", "align_current",
-               "bound_p", "bound_r", "f_nosink")}
-    sink = torch.zeros(batch, heads, n_sel, n_out, dtype=torch.bool)
-    sink_mass, sink_rank = full(batch, heads, n_sel), full(batch, heads, n_sel)
-    random_sum = torch.zeros(3, batch, heads, n_sel, n_out, dtype=torch.float64)
-    row_sum, negatives, visible_sum = (torch.zeros(batch, heads, n_q, dtype=torch.float64) for _ in range(3))
-    bad_rows = torch.zeros(batch, heads, dtype=torch.int64)
-    tolerance = row_sum_tolerance(att.pattern.dtype)
-    votes = torch.zeros(batch, heads, 3, dtype=torch.int64)
-    offsets = torch.zeros(batch, heads, n_k, dtype=torch.int64)
+    per_n = (batch, heads, n_sel, n_out)
+    out = engine.LayerOutputs(
+        metrics=engine.Metrics(*(full(*per_n) for _ in range(5)), torch.zeros(per_n, dtype=torch.bool)),
+        checks=engine.RowChecks(*torch.zeros(3, batch, heads, n_q, dtype=torch.float64)),
+        bad_rows=torch.zeros(batch, heads, dtype=torch.int64),
+        votes=torch.zeros(batch, heads, 3, dtype=torch.int64), offsets=torch.zeros(batch, heads, n_k, dtype=torch.int64),
+        sink=engine.Sink(full(batch, heads, n_sel), full(batch, heads, n_sel), full(*per_n), full(*per_n), full(*per_n)),
+        bound_p=full(*per_n), bound_r=full(*per_n), random_sum=torch.zeros(3, *per_n, dtype=torch.float64))
+    for b_sl, kv_sl in blocks:
+        h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
+        block = values[b_sl, kv_sl]
+        if whole_gram is not None:
+            gram = whole_gram
+        elif use_gram:
+            gram = torch.matmul(block, block.transpose(-1, -2),
+                                out=workspace.empty("gram", (*block.shape[:2], n_k, n_k), block.dtype))
+        else:
+            gram = block.new_empty(0, 0, 0, 0)
 
-    visited = n_q if (geometry_all or taxonomy_all) else 1
-    small = batch * heads * visited * n_k < (1 << 17)
-    with numba_threads(1 if small else torch.get_num_threads()):
-        ns_array = np.asarray(ns, dtype=np.int64)
-        bits_like = integer_like(pattern.element_size())
-        for b_sl, kv_sl in blocks:
-            h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
-            block = values[b_sl, kv_sl]
-            if whole_gram is not None:
-                gram = whole_gram
-            elif use_gram:
-                gram = torch.matmul(block, block.transpose(-1, -2),
-                                    out=workspace.empty("gram", (*block.shape[:2], n_k, n_k), block.dtype))
-            else:
-                gram = values[:1, :1, :1, :1]
+        def by_seq(x, b_sl=b_sl):
+            return x[b_sl].numpy()
 
-            def view(x, heads_axis=1, b_sl=b_sl, h_sl=h_sl):
-                index = [slice(None)] * x.ndim
-                index[heads_axis - 1], index[heads_axis] = b_sl, h_sl
-                return x[tuple(index)].numpy()
+        def by_head(x, axis=0, b_sl=b_sl, h_sl=h_sl):
+            return x[(slice(None),) * axis + (b_sl, h_sl)].numpy()
 
-            layer_rows(
-                pattern[b_sl, h_sl].numpy(), key_mask[b_sl].numpy(), query_mask[b_sl].numpy(), last[b_sl].numpy(),
-                geometry_all, taxonomy_all, block.numpy(), value_sq[b_sl, kv_sl].numpy(),
-                value_norm[b_sl, kv_sl].numpy(), value_norm64[b_sl, kv_sl].numpy(), bits_like, gram.numpy(), use_gram,
-                ns_array,
-                0 if config.ranking == "attention" else 1, config.exclude_sink, config.distance == "euclidean", group,
-                keys[b_sl], repeats, config.sink, want_bounds, g[:, b_sl, kv_sl].numpy(),
-                tolerance, row_sum[b_sl, h_sl].numpy(), negatives[b_sl, h_sl].numpy(), visible_sum[b_sl, h_sl].numpy(),
-                bad_rows[b_sl, h_sl].numpy(),
-                votes[b_sl, h_sl].numpy(), offsets[b_sl, h_sl].numpy(),
-                *(view(metric[name]) for name in ("precision", "recall", "f", "margin", "inversions")),
-                sink[b_sl, h_sl].numpy(), sink_mass[b_sl, h_sl].numpy(), sink_rank[b_sl, h_sl].numpy(),
-                *(view(metric[name]) for name in ("align_sink", "align_current", "bound_p", "bound_r", "f_nosink")),
-                view(random_sum, 2),
-            )
-    if bool(bad_rows.any()):  # a visited real row fails a distribution check: name the fault
-        rows = torch.arange(n_q)[None].expand(batch, -1) if visited == n_q else last[:, None]
+        def by_kv(x, axis=0, b_sl=b_sl, kv_sl=kv_sl):
+            return x[(slice(None),) * axis + (b_sl, kv_sl)].numpy()
+
+        engine.layer_rows(
+            engine.LayerRows(by_head(pattern), by_seq(key_mask), by_seq(query_mask), by_seq(last), by_kv(value_norm),
+                             by_kv(g, 1), keys[b_sl]),
+            engine.Values(block.numpy(), by_kv(value_sq), by_kv(value_norm64), gram.numpy()),
+            rule, plan,
+            engine.LayerOutputs(
+                engine.Metrics(*map(by_head, out.metrics)), engine.RowChecks(*map(by_head, out.checks)),
+                by_head(out.bad_rows), by_head(out.votes), by_head(out.offsets), engine.Sink(*map(by_head, out.sink)),
+                by_head(out.bound_p), by_head(out.bound_r), by_head(out.random_sum, 1)))
+    if bool(out.bad_rows.any()):  # a visited real row fails a distribution check: name the fault
+        every = geometry_all or taxonomy_all
+        rows = torch.arange(n_q)[None].expand(batch, -1) if every else last[:, None]
         gather = rows[:, None, :].expand(batch, heads, -1)
-        check_distribution(row_sum.gather(2, gather), negatives.gather(2, gather) > 0, visible_sum.gather(2, gather),
-                           query_mask.gather(1, rows), att.pattern.dtype)
+        total, negatives, visible = (x.gather(2, gather) for x in out.checks)
+        check_distribution(total, negatives > 0, visible, query_mask.gather(1, rows), att.pattern.dtype)
         raise AssertionError("the fused pass flagged a row that check_distribution accepts")
 
     out_dtype = dtype
@@ -346,18 +334,19 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     def finish(x: Tensor) -> Tensor:
         return (x if columns is None else x.index_select(-1, columns)).to(out_dtype)
 
-    defined = ~torch.isnan(metric["precision"])
-    q: dict[str, Tensor] = {f"{m}_top": finish(metric[m]) for m in ("precision", "recall", "f")}
-    q.update(margin=finish(metric["margin"]), inversions=finish(metric["inversions"]),
-             sink_selected=finish(torch.where(defined, sink.double(), torch.nan)))
+    top = out.metrics
+    defined = ~torch.isnan(top.precision)
+    q: dict[str, Tensor] = {f"{m}_top": finish(getattr(top, m)) for m in ("precision", "recall", "f")}
+    q.update(margin=finish(top.margin), inversions=finish(top.inversions),
+             sink_selected=finish(torch.where(defined, top.sink_selected.double(), torch.nan)))
     if repeats:
         for i, m in enumerate(("precision", "recall", "f")):
-            q[f"{m}_random"] = finish(torch.where(defined, random_sum[i] / repeats, torch.nan))
+            q[f"{m}_random"] = finish(torch.where(defined, out.random_sum[i] / repeats, torch.nan))
     per_row: dict[str, Tensor] = {}
     if config.sink:
-        q.update(align_sink=finish(metric["align_sink"]), align_current=finish(metric["align_current"]),
-                 f_nosink=finish(metric["f_nosink"]))
-        per_row = {"sink_mass": sink_mass.to(out_dtype), "sink_rank": sink_rank.to(out_dtype)}
+        q.update(align_sink=finish(out.sink.align_sink), align_current=finish(out.sink.align_current),
+                 f_nosink=finish(out.sink.f_nosink))
+        per_row = {"sink_mass": out.sink.mass.to(out_dtype), "sink_rank": out.sink.rank.to(out_dtype)}
         if want_bounds:
-            q.update(precision_bound=finish(metric["bound_p"]), recall_bound=finish(metric["bound_r"]))
-    return LayerMeasures(qpos, q, per_row, per_kv, cosine_by_lag, votes, offsets)
+            q.update(precision_bound=finish(out.bound_p), recall_bound=finish(out.bound_r))
+    return LayerMeasures(qpos, q, per_row, per_kv, cosine_by_lag, out.votes, out.offsets)

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from . import _engine as engine
 from .config import Queries, Ranking
 from .errors import TLGeometryError
 from .query_rows import as_n_tuple, check_inputs, query_rows
@@ -145,9 +146,7 @@ def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Ten
 def _sink_products(values: Tensor) -> Tensor:
     """``⟨v_0, v_j⟩`` in float64 ``[batch, kv, key]``: by the numba kernel on the CPU, else in torch."""
     if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
-        from .separability_kernel import sink_products
-
-        return torch.from_numpy(sink_products(values.detach().contiguous().numpy()))
+        return torch.from_numpy(engine.sink_products(values.detach().contiguous().numpy()))
     wide = values.detach().double()
     return (wide * wide[:, :, :1]).sum(-1)
 
@@ -157,7 +156,6 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
     does not apply (not a CPU tensor)."""
     if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
         return None
-    from .layer_kernel import integer_like, pair_cosine_statistics
     from .query_rows import gram_blocks
 
     batch, n_kv, n_k, _ = values.shape
@@ -165,7 +163,6 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
     largest = torch.zeros(batch, n_kv, dtype=values.dtype)
     total = torch.zeros(batch, n_kv, dtype=torch.float64)
     norms, nonsink = norms.contiguous(), nonsink.contiguous()
-    bits_like = integer_like(values.element_size())
     blocks = [(slice(0, batch), slice(0, n_kv))] if gram is not None else \
         gram_blocks(batch, n_kv, n_k * n_k * values.element_size())
     for b_sl, kv_sl in blocks:
@@ -174,8 +171,8 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
             block_gram = (block @ block.transpose(-1, -2)).contiguous()
         else:
             block_gram = gram.contiguous()
-        pair_cosine_statistics(block_gram.numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(), bits_like,
-                               newest[b_sl, kv_sl].numpy(), largest[b_sl, kv_sl].numpy(), total[b_sl, kv_sl].numpy())
+        engine.pair_cosine_statistics(block_gram.numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(),
+                                      newest[b_sl, kv_sl].numpy(), largest[b_sl, kv_sl].numpy(), total[b_sl, kv_sl].numpy())
     return newest, largest, total.to(values.dtype)
 
 

@@ -13,12 +13,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from . import _engine as engine
 from .errors import TLGeometryError
 
 __all__ = ["top_order", "squared_value_norms", "value_norms64", "selection_scores", "precision_from_outside", "COS_EPS"]
 
-# Added to cosine denominators: a zero vector has cosine 0 with everything.
-COS_EPS = 1e-12
+# Added to cosine denominators: a zero vector has cosine 0 with everything (the engine's constant).
+COS_EPS = engine.COS_EPS
 
 
 def top_order(score: Float[Tensor, "... key"], m: int) -> Int[Tensor, "... m"]:
@@ -45,9 +46,7 @@ def squared_value_norms(values: Float[Tensor, "batch kv key d"]) -> Float[Tensor
     """``‖v‖²`` in float64: the one computation behind every contribution ranking (``α‖v‖``), so
     separability (either backend), the bounds and the sink diagnostics select the same sets."""
     if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
-        from .separability_kernel import squared_norms
-
-        return torch.from_numpy(squared_norms(values.detach().contiguous().numpy()))
+        return torch.from_numpy(engine.squared_norms(values.detach().contiguous().numpy()))
     return values.detach().double().pow(2).sum(-1)
 
 
@@ -61,9 +60,7 @@ def value_norms64(values: Float[Tensor, "batch kv key d"],
     the caller's :func:`squared_value_norms` of ``values``, when it has them."""
     squares = squared_value_norms(values) if squares is None else squares
     if squares.device.type == "cpu":
-        from .separability_kernel import norms_from_squares
-
-        return torch.from_numpy(norms_from_squares(squares.numpy()))
+        return torch.from_numpy(engine.norms_from_squares(squares.numpy()))
     return squares.sqrt()
 
 

@@ -1,4 +1,4 @@
-"""The fused separability backend (CPU): the numba kernel of ``separability_kernel`` over blocks.
+"""The fused separability backend (CPU): the engine's separability kernel over blocks.
 
 Values are prepared once per call (kv-head layout, float64 squared norms, and when many query
 rows read them one Gram matrix ``V Vᵀ`` per kv head, in blocks that bound the extra memory).
@@ -11,19 +11,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import _engine as engine
 from .query_rows import MetricFields, SeparabilityJob, check_distribution, gather_rows, gram_blocks
-from .separability_kernel import norms_from_squares, numba_threads, separability_rows, squared_norms
 
 __all__ = ["separability_fused"]
-
-_METRIC_FIELDS = ("precision", "recall", "f", "margin", "inversions")
-# Row elements (rows × keys) below which the kernel runs on one thread.
-_PARALLEL_ELEMENTS = 1 << 17
 
 
 def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) -> MetricFields:
     """The metrics of ``job`` (CPU tensors); calls on the same values may share ``gram_cache``."""
-    pattern, v, ns, ranking, qpos, dtype = job.pattern, job.v, job.ns, job.ranking, job.qpos, job.dtype
+    pattern, ns, ranking, qpos, dtype = job.pattern, job.ns, job.ranking, job.qpos, job.dtype
     gram_cache = {} if gram_cache is None else gram_cache
     batch, heads, _, _ = pattern.shape
     n_sel = qpos.shape[1]
@@ -31,53 +27,49 @@ def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) 
     k_hi = int(qpos.max()) + 1  # causal: no chosen query sees a later key
     rows = (pattern if job.all_rows else gather_rows(pattern, qpos)).detach()
     rows = (rows if rows.dtype in (torch.float32, torch.float64) else rows.to(dtype)).contiguous()
-    values = v.detach()[:, :k_hi].to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
-    value_sq = squared_norms(values.numpy())
+    values = job.v.detach()[:, :k_hi].to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
+    squares = engine.squared_norms(values.numpy())
     if isinstance(ranking, torch.Tensor):
-        scores = ranking.detach().to(torch.float64 if ranking.dtype == torch.float64 else torch.float32)
-        mode, scores = 2, scores.contiguous()
+        mode = 2
+        scores = ranking.detach().to(torch.float64 if ranking.dtype == torch.float64 else torch.float32).contiguous()
     else:
-        mode, scores = (0 if ranking == "attention" else 1), rows[:1, :1, :1, :1]
-    # ‖v‖² and, for the contribution ranking only, ‖v‖ (selection.value_norms64: one square root)
-    norms = (value_sq, norms_from_squares(value_sq) if mode == 1 else value_sq)
+        mode, scores = (0 if ranking == "attention" else 1), rows
+    # the contribution ranking's ‖v‖ (selection.value_norms64: one square root)
+    norms64 = engine.norms_from_squares(squares) if mode == 1 else squares
     # A Gram matrix V Vᵀ per kv head pays off when many query rows read it (``queries="all"``).
     use_gram = group * n_sel * len(ns) >= k_hi
-    out = {name: torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype) for name in _METRIC_FIELDS}
-    sink = torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool)
-    stats = torch.zeros(3, batch, heads, n_sel, dtype=torch.float64)
-    q_valid = job.query_valid
-    # Small jobs (e.g. the last query only) run on one thread: waking the pool costs more, and its
-    # spinning workers would slow torch's next operations.
-    threads = 1 if batch * heads * n_sel * k_hi < _PARALLEL_ELEMENTS else torch.get_num_threads()
-    ns_array = np.asarray(ns, dtype=np.int64)
-    with numba_threads(threads):
-        _fused_blocks(rows, scores, mode, qpos, q_valid, job.key_mask, values, norms, ns_array, job.exclude_sink,
-                      job.distance, group, use_gram, gram_cache, dtype, out, sink, stats)
-    check_distribution(stats[0], stats[1] > 0, stats[2], q_valid, pattern.dtype)
-    return MetricFields(**out, sink_selected=sink)
-
-
-def _fused_blocks(rows, scores, mode, qpos, q_valid, key_mask, values, norms, ns_array, exclude_sink, distance,
-                  group, use_gram, gram_cache, dtype, out, sink, stats):
-    """The kernel over (batch, kv head) blocks whose Gram matrices fit ``query_rows.GRAM_BYTES``."""
-    batch, kv, k_hi = values.shape[0], values.shape[1], values.shape[2]
-    for b_sl, kv_sl in gram_blocks(batch, kv, k_hi * k_hi * values.element_size() if use_gram else 0):
+    rule = engine.Rule(np.asarray(ns, dtype=np.int64), mode, job.exclude_sink, job.distance == "euclidean", use_gram,
+                       group)
+    metrics = engine.Metrics(*(torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype) for _ in range(5)),
+                             torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool))
+    checks = engine.RowChecks(*torch.zeros(3, batch, heads, n_sel, dtype=torch.float64))
+    key_mask, qpos_c = job.key_mask.contiguous(), qpos.contiguous()
+    for b_sl, kv_sl in gram_blocks(batch, values.shape[1], k_hi * k_hi * values.element_size() if use_gram else 0):
         h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
-        if not use_gram:
-            gram = values[:1, :1, :1, :1]
-        elif (b_sl.stop - b_sl.start, kv_sl.stop - kv_sl.start) == (batch, kv):  # one block: keep for the next call
-            gram = gram_cache.get((k_hi, dtype))
-            if gram is None:
-                gram = gram_cache[(k_hi, dtype)] = (values @ values.transpose(-1, -2)).contiguous()
-        else:
-            block = values[b_sl, kv_sl]
-            gram = (block @ block.transpose(-1, -2)).contiguous()
-        separability_rows(
-            rows[b_sl, h_sl].numpy(), scores[b_sl, h_sl].numpy() if mode == 2 else scores.numpy(), mode,
-            qpos[b_sl].contiguous().numpy(), q_valid[b_sl].numpy(), key_mask[b_sl].contiguous().numpy(),
-            values[b_sl, kv_sl].numpy(), *(x[b_sl, kv_sl] for x in norms), gram.numpy(), use_gram, ns_array,
-            exclude_sink, distance == "euclidean", group,
-            *(out[name][b_sl, h_sl].numpy() for name in _METRIC_FIELDS), sink[b_sl, h_sl].numpy(),
-            *(stat[b_sl, h_sl].numpy() for stat in stats),
-        )
+        block = values[b_sl, kv_sl]
+        gram = _gram(block, use_gram, (b_sl.stop - b_sl.start, kv_sl.stop - kv_sl.start) == (batch, values.shape[1]),
+                     gram_cache, (k_hi, dtype))
 
+        def cut(x, heads_axis=True, b_sl=b_sl, h_sl=h_sl):
+            return x[b_sl, h_sl].numpy() if heads_axis else x[b_sl].numpy()
+
+        engine.separability_rows(
+            engine.SeparabilityRows(cut(rows), cut(scores), cut(qpos_c, False), cut(job.query_valid, False),
+                                    cut(key_mask, False)),
+            engine.Values(block.numpy(), squares[b_sl, kv_sl], norms64[b_sl, kv_sl], gram.numpy()),
+            rule, engine.Metrics(*(cut(x) for x in metrics)), engine.RowChecks(*(cut(x) for x in checks)))
+    check_distribution(checks.total, checks.negatives > 0, checks.visible, job.query_valid, pattern.dtype)
+    return MetricFields(**metrics._asdict())
+
+
+def _gram(block: torch.Tensor, use_gram: bool, whole: bool, cache: dict, key) -> torch.Tensor:
+    """The block's Gram matrices ``V Vᵀ`` (an empty stand-in without ``use_gram``); the whole
+    layer's are kept in ``cache`` for the next call on the same values."""
+    if not use_gram:
+        return block.new_empty(0, 0, 0, 0)
+    if whole and key in cache:
+        return cache[key]
+    gram = (block @ block.transpose(-1, -2)).contiguous()
+    if whole:
+        cache[key] = gram
+    return gram

@@ -1,0 +1,80 @@
+"""The compute engine: every compiled (numba) kernel of the package, behind one door.
+
+Arrays in, arrays out: callers hand numpy arrays (views of CPU tensors) in the named bundles of
+:mod:`.bundles` and get their outputs written in place. Nothing outside this package imports
+numba, and it imports nothing of the package above it. Modules, one job each:
+
+- ``bundles``: the named inputs, settings and outputs the kernels take;
+- ``threads``: a kernel's tasks in chunks on a pool of threads;
+- ``rows``: one row's checks, its selection by a ranking, its winner;
+- ``core``: the metric core (top-N metrics N by N, the sink-excluded F, the certificates);
+- ``random_stream``: the counter-based random rankings;
+- ``pairs``: value statistics (float64 squared norms, the sink's products, pair cosines);
+- ``separability``: the separability driver (chosen rows of any pattern);
+- ``layer``: the layer pass of the analysis (every measure of one layer in one walk).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import layer as _layer
+from . import pairs as _pairs
+from . import random_stream as _random
+from . import separability as _separability
+from .bundles import (
+    LayerOutputs,
+    LayerPlan,
+    LayerRows,
+    Metrics,
+    RowChecks,
+    Rule,
+    SeparabilityRows,
+    Sink,
+    Values,
+    integer_like,
+)
+from .core import COS_EPS
+from .random_stream import GOLDEN, HEAD, MIX, QUERY
+from .threads import run_tasks
+
+__all__ = [
+    "Values", "Rule", "Metrics", "RowChecks", "SeparabilityRows", "Sink", "LayerRows", "LayerPlan", "LayerOutputs",
+    "integer_like", "COS_EPS", "GOLDEN", "MIX", "HEAD", "QUERY",
+    "separability_rows", "layer_rows", "random_top_orders", "pair_cosine_statistics",
+    "squared_norms", "sink_products", "norms_from_squares",
+]
+
+
+def separability_rows(inputs: SeparabilityRows, values: Values, rule: Rule, metrics: Metrics, checks: RowChecks) -> None:
+    """The top-N metrics and row checks of every row of ``inputs.rows`` into ``metrics``, ``checks``."""
+    run_tasks(_separability.separability_rows, _separability.n_tasks(inputs), inputs.rows.size,
+              inputs, values, rule, metrics, checks)
+
+
+def layer_rows(rows: LayerRows, values: Values, rule: Rule, plan: LayerPlan, out: LayerOutputs) -> None:
+    """Every measure of one layer (or a block of its sequences and kv heads) into ``out``."""
+    batch, heads, n_q, n_k = rows.pattern.shape
+    visited = n_q if (plan.geometry_all or plan.taxonomy_all) else 1
+    run_tasks(_layer.layer_rows, batch * heads, batch * heads * visited * n_k, rows, values, rule, plan, out)
+
+
+def random_top_orders(keys: np.ndarray, key_mask: np.ndarray, qpos: np.ndarray, qvalid: np.ndarray,
+                      exclude_sink: bool, out: np.ndarray) -> None:
+    """The random rankings' best sources ``out[repeat, batch, head, q, :max_n]``, as the layer pass
+    draws them (``keys`` ``[batch]`` uint64)."""
+    _, batch, heads, n_q, _ = out.shape
+    run_tasks(_random.random_top_orders, batch * heads, batch * heads * n_q * key_mask.shape[1],
+              keys, key_mask, qpos, qvalid, exclude_sink, out)
+
+
+def pair_cosine_statistics(gram: np.ndarray, norms: np.ndarray, nonsink: np.ndarray, newest: np.ndarray,
+                           largest: np.ndarray, total: np.ndarray) -> None:
+    """|cos| over non-sink pairs from the Gram matrices (see ``pairs.pair_cosine_statistics``)."""
+    run_tasks(_pairs.pair_cosine_statistics, gram.shape[0] * gram.shape[1], gram.size,
+              gram, norms, nonsink, integer_like(gram.itemsize), newest, largest, total)
+
+
+squared_norms = _pairs.squared_norms
+sink_products = _pairs.sink_products
+norms_from_squares = _pairs.norms_from_squares

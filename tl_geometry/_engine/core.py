@@ -1,0 +1,389 @@
+"""The metric core: the top-N metrics of one row's ranked sources, N by N, and their certificates.
+
+The definitions are those of docs/metrics.md#separability, with the torch backend's tie rule
+and clamps, in float64 scalar arithmetic. Top-N sets are nested, so for each N in increasing
+order only the new sources update ``p_k = ⟨v_k, s_N⟩`` for the visible keys:
+
+- Gram mode: ``p += α_i G[i, :]`` with ``G = V Vᵀ`` of the kv head (shared by every row that
+  reads it); all N together cost ``max N`` row updates;
+- direct mode (few rows per kv head): ``s += α_i v_i``, then ``p_k = v_k · s``.
+
+Selected and non-candidate keys carry ``+inf`` distances (``s.excluded``), so ρ_min, the outside
+count and the inversions ``Σ_{i∈S} #{j: D_j ≤ D_i}`` are branch-free loops.
+
+A driver calls :func:`start`, then per output column ``j`` while ``N`` is below the number of
+candidates: :func:`step`, and writes what it wants of the returned :class:`Step`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+__all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "write_metrics", "weighted_sizes"]
+
+_NO_RC = {"cache": True, "nogil": True, "_nrt": False}
+_SUMS = {"reassoc", "contract", "nsz"}
+# Added to cosine denominators: a zero vector has cosine 0 with everything.
+COS_EPS = 1e-12
+_LOWEST = -1.7976931348623157e308
+
+
+class Scratch(NamedTuple):
+    """One task's working arrays (float64 over the keys unless said): weights ``alpha`` (0 off
+    the candidates); ``excluded`` (0 on unselected candidates, +inf elsewhere); ``y_size``
+    (‖y_k‖² Euclidean, ‖y_k‖ cosine); ``proj`` (⟨v_k, s_N⟩); ``dist``, ``near`` (distances, and
+    those within ρ_max); ``lanes`` (8, a minimum's running minima); ``agg`` (``d``: s_N in direct
+    mode); ``u_val`` (the selected D_i, then U_i); ``top_idx``, ``top_score`` (the ranking's best)."""
+
+    alpha: np.ndarray
+    excluded: np.ndarray
+    y_size: np.ndarray
+    proj: np.ndarray
+    dist: np.ndarray
+    near: np.ndarray
+    lanes: np.ndarray
+    agg: np.ndarray
+    u_val: np.ndarray
+    top_idx: np.ndarray
+    top_score: np.ndarray
+
+
+@njit(cache=True, nogil=True)
+def scratch(n_k, d, m):
+    """Fresh :class:`Scratch` for rows of ``n_k`` keys, ``d``-dimensional values and best-``m`` lists."""
+    return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k),
+                   np.zeros(8), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m))
+
+
+class Step(NamedTuple):
+    """One N of a row: P, R, F, the margin γ and the inversions; ρ_max, ρ_min over keys ``1..t``
+    (``rho_rest``), the outside count and ``‖s_N‖`` (for the sink-excluded F and the alignments)."""
+
+    precision: float
+    recall: float
+    f: float
+    margin: float
+    inversions: int
+    rho_max: float
+    rho_rest: float
+    outside: int
+    agg_norm: float
+
+
+@njit(fastmath=_SUMS, **_NO_RC)
+def dot(vectors, b, kv, k, y):
+    """``vectors[b, kv, k] · y`` in float64."""
+    acc = 0.0
+    for e in range(vectors.shape[3]):
+        acc += float(vectors[b, kv, k, e]) * y[e]
+    return acc
+
+
+@njit(**_NO_RC)
+def weighted_sizes(values, rule, at, s):
+    """``s.y_size[k]`` = ‖α_k v_k‖² (Euclidean) or ‖α_k v_k‖ (cosine) for keys ``0..t``: one row's
+    sizes, which every variant of the row shares."""
+    b, _, kv, t, _, _ = at
+    for k in range(t + 1):
+        a = s.alpha[k]
+        sq = values.squares[b, kv, k]
+        s.y_size[k] = a * a * sq if rule.euclidean else a * math.sqrt(sq)
+
+
+@njit(**_NO_RC)
+def _distance(euclidean, y_size, a, proj, agg_sq, agg_norm):
+    """One key's distance to s_N from ‖y‖ (or ‖y‖²), α and ⟨v, s_N⟩. Euclidean: D² − ‖s‖² =
+    ‖y‖² − 2α⟨v, s⟩, never below −‖s‖² (the order of D; the radii add ‖s‖² back)."""
+    if euclidean:
+        return max(y_size - 2.0 * a * proj, -agg_sq)
+    return 1.0 - a * proj / (y_size * agg_norm + COS_EPS)
+
+
+@njit(**_NO_RC)
+def _count_at_most(x, n, bound):
+    """#{k < n: x[k] ≤ bound}: an integer sum of comparisons, which LLVM vectorises."""
+    count = 0
+    for k in range(n):
+        count += 1 if x[k] <= bound else 0
+    return count
+
+
+@njit(**_NO_RC)
+def _minimum(x, lo, hi, lanes):
+    """``min(x[lo:hi])`` (+inf when empty) over eight running minima in ``lanes``: one running
+    minimum is a serial chain that LLVM does not vectorise; the minimum is exact in any order."""
+    for e in range(8):
+        lanes[e] = math.inf
+    end = hi - (hi - lo) % 8
+    for k in range(lo, end, 8):
+        for e in range(8):
+            value = x[k + e]
+            lanes[e] = value if value < lanes[e] else lanes[e]
+    low = math.inf
+    for k in range(end, hi):
+        low = min(low, x[k])
+    for e in range(8):
+        low = min(low, lanes[e])
+    return low
+
+
+@njit(**_NO_RC)
+def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, n):
+    """``proj[:n] += α_i G[i, :n]`` for the sources ``order[lo:hi]`` in rank order, four (then
+    two) rows per pass: the same sums in the same order as one row at a time, with a quarter of
+    the loads and stores of ``proj``."""
+    rank = lo
+    while rank + 4 <= hi:
+        i0, i1, i2, i3 = order[rank], order[rank + 1], order[rank + 2], order[rank + 3]
+        a0, a1, a2, a3 = alpha[i0], alpha[i1], alpha[i2], alpha[i3]
+        for k in range(n):
+            proj[k] = (((proj[k] + a0 * gram[b, kv, i0, k]) + a1 * gram[b, kv, i1, k]) + a2 * gram[b, kv, i2, k]
+                       + a3 * gram[b, kv, i3, k])
+        rank += 4
+    if rank + 2 <= hi:
+        i0, i1 = order[rank], order[rank + 1]
+        a0, a1 = alpha[i0], alpha[i1]
+        for k in range(n):
+            proj[k] = (proj[k] + a0 * gram[b, kv, i0, k]) + a1 * gram[b, kv, i1, k]
+        rank += 2
+    if rank < hi:
+        i0 = order[rank]
+        a0 = alpha[i0]
+        for k in range(n):
+            proj[k] += a0 * gram[b, kv, i0, k]
+
+
+@njit(**_NO_RC)
+def _inversions(s, n_keys, n, rho_min, rho_max, outside):
+    """``Σ_{i selected, D_i ≥ ρ_min} #{j: D_j ≤ D_i}`` (``s.u_val[:n]`` the selected D_i,
+    ``s.dist`` +inf off the unselected candidates). Only the ``outside`` keys with ``D_j ≤ ρ_max``
+    can count: none, no pass; for several D_i they are gathered into ``s.near`` once."""
+    if outside == 0:
+        return 0
+    above = 0
+    last = 0
+    for rank in range(n):
+        if s.u_val[rank] >= rho_min:  # below ρ_min no key counts
+            above += 1
+            last = rank
+    if above == 0:
+        return 0
+    if above == 1:
+        return _count_at_most(s.dist, n_keys, s.u_val[last])
+    m = 0
+    for k in range(n_keys):
+        if s.dist[k] <= rho_max:
+            s.near[m] = s.dist[k]
+            m += 1
+    total = 0
+    for rank in range(n):
+        if s.u_val[rank] >= rho_min:
+            total += _count_at_most(s.near, m, s.u_val[rank])
+    return total
+
+
+@njit(**_NO_RC)
+def start(at, s, order, n_cand, last_n):
+    """Reset the row's running sums; returns the sink's rank in ``order`` (``last_n`` when it
+    is not among the first ``last_n``)."""
+    t = at[3]
+    for k in range(t + 1):
+        s.proj[k] = 0.0
+    for e in range(s.agg.shape[0]):
+        s.agg[e] = 0.0
+    sink_rank = last_n
+    for rank in range(min(last_n, n_cand)):
+        if order[rank] == 0:
+            sink_rank = rank
+    return sink_rank
+
+
+@njit(**_NO_RC)
+def _grow(values, rule, at, s, order, lo, hi):
+    """Add the sources ``order[lo:hi]`` to the selection: out of the candidates, into ``p``
+    (Gram rows) or the aggregate ``s_N`` (direct)."""
+    b, _, kv, t, _, _ = at
+    for rank in range(lo, hi):
+        s.excluded[order[rank]] = math.inf
+    if rule.use_gram:
+        _add_gram_rows(s.proj, values.gram, b, kv, s.alpha, order, lo, hi, t + 1)
+        return
+    for rank in range(lo, hi):
+        i = order[rank]
+        for e in range(values.vectors.shape[3]):
+            s.agg[e] += s.alpha[i] * values.vectors[b, kv, i, e]
+
+
+@njit(**_NO_RC)
+def _aggregate_size(values, rule, at, s, order, n):
+    """``‖s_N‖²``; in direct mode also ``p_k = ⟨v_k, s_N⟩`` for keys ``0..t``."""
+    b, _, kv, t, _, _ = at
+    agg_sq = 0.0
+    if rule.use_gram:
+        for rank in range(n):
+            agg_sq += s.alpha[order[rank]] * s.proj[order[rank]]
+        return agg_sq
+    for e in range(values.vectors.shape[3]):
+        agg_sq += s.agg[e] * s.agg[e]
+    for k in range(t + 1):
+        s.proj[k] = dot(values.vectors, b, kv, k, s.agg)
+    return agg_sq
+
+
+@njit(**_NO_RC)
+def _outside(rule, s, agg_sq, agg_norm, n, bound):
+    """``s.dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist ≤ bound}."""
+    count = 0
+    for k in range(n):
+        value = _distance(rule.euclidean, s.y_size[k], s.alpha[k], s.proj[k], agg_sq, agg_norm) + s.excluded[k]
+        s.dist[k] = value
+        count += 1 if value <= bound else 0
+    return count
+
+
+@njit(**_NO_RC)
+def step(values, rule, at, s, order, j, full):
+    """Grow the selection to ``N = rule.ns[j]`` (from ``rule.ns[j - 1]``) and measure it, where it
+    is defined (``N`` below the candidates: the caller stops at the first that is not).
+    ``full``: also the margin and the inversions."""
+    n = rule.ns[j]
+    t = at[3]
+    _grow(values, rule, at, s, order, rule.ns[j - 1] if j > 0 else 0, n)
+    agg_sq = _aggregate_size(values, rule, at, s, order, n)
+    agg_norm = math.sqrt(max(agg_sq, 0.0))
+    rho_max = -math.inf
+    for rank in range(n):
+        i = order[rank]
+        value = _distance(rule.euclidean, s.y_size[i], s.alpha[i], s.proj[i], agg_sq, agg_norm)
+        if rule.euclidean and n == 1:  # the selected point is the aggregate: D = 0 exactly
+            value = -agg_sq
+        s.u_val[rank] = value  # D_i
+        rho_max = max(rho_max, value)
+    outside = _outside(rule, s, agg_sq, agg_norm, t + 1, rho_max)
+    if outside == 0 and not full:  # every unselected candidate beyond ρ_max: all selected inside
+        rho_rest = rho_min = math.inf
+        inside = n
+    else:
+        rho_rest = _minimum(s.dist, 1, t + 1, s.lanes)  # ρ_min over keys 1..t, then with key 0
+        rho_min = min(s.dist[0], rho_rest)
+        inside = 0
+        for rank in range(n):
+            inside += 1 if s.u_val[rank] < rho_min else 0
+    inversions = _inversions(s, t + 1, n, rho_min, rho_max, outside) if full else 0
+    p = n / (n + outside)
+    rc = inside / n
+    f = 2 * p * rc / (p + rc) if rc > 0 else 0.0
+    if rule.euclidean:
+        margin = math.sqrt(rho_min + agg_sq) - math.sqrt(max(rho_max + agg_sq, 0.0))
+    else:
+        margin = rho_min - rho_max
+    return Step(p, rc, f, margin, inversions, rho_max, rho_rest, outside, agg_norm)
+
+
+@njit(**_NO_RC)
+def write_metrics(metrics, at, j, st, sink_selected):
+    """The top-N metrics of ``st`` at the row's output ``[b, h, out, j]``."""
+    b, h, _, _, _, q = at
+    metrics.precision[b, h, q, j] = st.precision
+    metrics.recall[b, h, q, j] = st.recall
+    metrics.f[b, h, q, j] = st.f
+    metrics.margin[b, h, q, j] = st.margin
+    metrics.inversions[b, h, q, j] = st.inversions
+    metrics.sink_selected[b, h, q, j] = sink_selected
+
+
+@njit(**_NO_RC)
+def nosink_f(s, st, n):
+    """F of the same top-N set with key 0 (an unselected candidate) dropped from the candidates:
+    only ρ_min, the outside count and the candidates change. Reads the last :func:`step`."""
+    inside = 0
+    for rank in range(n):
+        inside += 1 if s.u_val[rank] < st.rho_rest else 0
+    p = n / (n + st.outside - (1 if s.dist[0] <= st.rho_max else 0))
+    rc = inside / n
+    return 2 * p * rc / (p + rc) if rc > 0 else 0.0
+
+
+@njit(**_NO_RC)
+def _certified_lower(lower, a, mass, slack_w, slack_64, selected_error):
+    """An unselected source's ``L_j`` less its slack σ_j (docs/theory.md, Lemma 3): the value to
+    compare with ``max U_i``. ``-max`` (counted outside, and no selected source certified
+    inside) unless ``L_j`` exceeds its slack τ_j, which proves that the measured ``D_j²`` is
+    positive (the measurement clamps negative ones)."""
+    own_error = slack_w * (a * a + 2 * a * mass)
+    spread = a + mass
+    exact_error = slack_64 * spread * spread
+    if lower - own_error - slack_w * mass * mass - exact_error > 0.0:
+        return lower - own_error - selected_error - exact_error
+    return _LOWEST
+
+
+@njit(**_NO_RC)
+def _selected_weights(s, order, n):
+    """W and Q of the selected non-sink weights, the selected sink's w_0, the largest selected
+    weight: Theorem 1's inputs (the slacks of Lemma 3 scale with them)."""
+    w0 = 0.0
+    total = 0.0
+    sum_sq = 0.0
+    a_max = 0.0
+    for rank in range(n):
+        i = order[rank]
+        a_max = max(a_max, s.alpha[i])
+        if i == 0:
+            w0 = s.alpha[0]
+        else:
+            total += s.alpha[i]
+            sum_sq += s.alpha[i] * s.alpha[i]
+    return w0, total, sum_sq, a_max
+
+
+@njit(**_NO_RC)
+def certify(cert, at, s, order, n):
+    """Theorem 1's certificates (P, R lower bounds) of the top-N set ``order[:n]`` from the Gram
+    bounds ``cert[:, b, kv, t]`` (``regime.CERTIFICATE_KEYS``). Overwrites ``s.u_val`` (with
+    ``U_i = Q⁺(w^S − α_i e_i)``) and ``s.dist`` (with the certified ``L_j``)."""
+    b, _, kv, t, _, _ = at
+    diag_lo, diag_hi, pair_hi, pair_lo = cert[0, b, kv, t], cert[1, b, kv, t], cert[2, b, kv, t], cert[3, b, kv, t]
+    sink_hi, sink_lo, sink_sq = cert[4, b, kv, t], cert[5, b, kv, t], cert[6, b, kv, t]
+    slack_w, slack_64 = cert[7, b, kv, t], cert[8, b, kv, t]
+    w0, total, sum_sq, a_max = _selected_weights(s, order, n)
+    mass = total + w0
+    u_max = -math.inf
+    for rank in range(n):
+        i = order[rank]
+        own = 0.0 if i == 0 else s.alpha[i]
+        s_w = 0.0 if i == 0 else w0
+        q_sq = sum_sq - own * own
+        q_tot = total - own
+        s.u_val[rank] = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
+                         + 2 * sink_hi * s_w * q_tot)
+        u_max = max(u_max, s.u_val[rank])
+    s_sq_lo = max(diag_lo * sum_sq + pair_lo * (total * total - sum_sq) + sink_sq * w0 * w0
+                  + 2 * sink_lo * w0 * total, 0.0)
+    selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
+    inner = pair_hi * total + sink_hi * w0
+    outside = 0  # +inf (excluded) drops selected and non-candidates from the count and minimum
+    for k in range(1, t + 1):
+        a = s.alpha[k]
+        value = _certified_lower(a * a * diag_lo + s_sq_lo - 2 * a * inner, a, mass, slack_w, slack_64,
+                                 selected_error) + s.excluded[k]
+        s.dist[k] = value
+        outside += 1 if value <= u_max else 0
+    a = s.alpha[0]
+    if s.excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
+        s.dist[0] = _certified_lower(a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total), a, mass, slack_w,
+                                     slack_64, selected_error)
+    else:
+        s.dist[0] = math.inf
+    outside += 1 if s.dist[0] <= u_max else 0
+    inside = n  # no L_j ≤ max U_i: every selected source is certified inside
+    if outside > 0:
+        l_min = _minimum(s.dist, 0, t + 1, s.lanes)
+        inside = 0
+        for rank in range(n):
+            inside += 1 if s.u_val[rank] < l_min else 0
+    return n / (n + outside), inside / n

@@ -1,0 +1,241 @@
+"""The layer pass: everything ``tl_geometry.analyze`` measures on one layer, in one walk over its rows.
+
+One task per (sequence, head) visits its rows once:
+
+- every row: the distribution checks and the taxonomy's winner ``argmax α_j‖v_j‖``, tallied as
+  votes;
+- every measured row, for each *variant* of its selection: TOP (the ranking's own top-N sets:
+  every metric, the sink's standing, the alignments of ``s_N`` and the certificates), NOSINK
+  (key 0 removed from the candidates: F only) and each RANDOM ranking (P, R, F summed).
+
+Equivalence with the public functions composed (``separability``, ``sink_geometry``,
+``sink_aware_bounds``, ``winner_sources``) is tested in ``tests/test_layer_measures.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from . import core
+from .random_stream import candidates, sample
+from .rows import first_maximum, scan_row, select
+
+__all__ = ["layer_rows"]
+
+_NO_RC = {"cache": True, "nogil": True, "_nrt": False}
+
+
+class LayerScratch(NamedTuple):
+    """A task's arrays: the core's, the winner scores (and their bits), a variant's selection
+    ``order``, the row's candidates (``cand_base``; ``cand`` the copy a draw permutes) and
+    ``part`` ``[3, n]``: P, R, F of a NOSINK or RANDOM variant."""
+
+    core: core.Scratch
+    bits: np.ndarray
+    scores: np.ndarray
+    order: np.ndarray
+    cand: np.ndarray
+    cand_base: np.ndarray
+    part: np.ndarray
+
+
+@njit(**_NO_RC)
+def _checks_and_votes(rows, values, plan, at, ls, out):
+    """The row's distribution checks (a failing real row counted in ``bad_rows``) and its vote;
+    returns whether it is a real query."""
+    b, h, kv, t, _, _ = at
+    checks = out.checks
+    total, negatives, visible = scan_row(rows.pattern, at, rows.key_mask, t + 1)
+    checks.total[b, h, t], checks.negatives[b, h, t], checks.visible[b, h, t] = total, negatives, visible
+    best = first_maximum(rows.pattern, at, rows.key_mask, rows.norms, ls.scores, ls.bits)
+    if not rows.query_mask[b, t]:
+        return False
+    if (not math.isfinite(total) or negatives > 0 or abs(total - 1) > plan.tolerance
+            or total - visible > plan.tolerance):
+        out.bad_rows[b, h] += 1  # query_rows.check_distribution's conditions: it names the fault
+    if (plan.taxonomy_all or t == rows.last[b]) and t > 0 and best >= 0:
+        if best == t:
+            out.votes[b, h, 0] += 1
+        elif best == 0:
+            out.votes[b, h, 1] += 1
+        else:
+            out.votes[b, h, 2] += 1
+            out.offsets[b, h, t - best] += 1
+    return True
+
+
+@njit(**_NO_RC)
+def _sink_standing(rows, values, rule, at, s, listed, sink):
+    """The sink's mass and rank: the number of candidates ranked before it (those listed before it
+    when it is listed; otherwise every visible key that outscores it, ties to the sink)."""
+    b, h, kv, t, row, q = at
+    pattern, key_mask = rows.pattern, rows.key_mask
+    sink.mass[b, h, q] = float(pattern[b, h, row, 0]) if key_mask[b, 0] else 0.0
+    if listed >= 0:
+        sink.rank[b, h, q] = listed
+        return
+    s0 = -math.inf
+    if key_mask[b, 0]:
+        s0 = float(pattern[b, h, row, 0])
+        if rule.ranking == 1:
+            s0 *= values.norms64[b, kv, 0]
+    ahead = 0
+    for k in range(1, t + 1):
+        if not key_mask[b, k]:
+            continue
+        a = float(pattern[b, h, row, k])
+        score = a if rule.ranking == 0 else a * values.norms64[b, kv, k]
+        ahead += 1 if score > s0 else 0
+    sink.rank[b, h, q] = ahead
+
+
+@njit(**_NO_RC)
+def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out):
+    """Variant TOP: every metric of the ranking's own top-N sets; with the sink diagnostics the
+    alignments (and NOSINK's F when the sink is an unselected candidate at every N: the same
+    sets), with ``want_bounds`` the certificates."""
+    b, h, kv, t, _, q = at
+    ns = rule.ns
+    sink_rank = core.start(at, s, s.top_idx, n_cand, ns[ns.shape[0] - 1])
+    for j in range(ns.shape[0]):
+        n = ns[j]
+        if n >= n_cand:
+            break
+        st = core.step(values, rule, at, s, s.top_idx, j, True)
+        core.write_metrics(out.metrics, at, j, st, sink_rank < n)
+        if nosink_in_top and n < n_cand - 1:
+            out.sink.f_nosink[b, h, q, j] = core.nosink_f(s, st, n)
+        if plan.want_sink:
+            out.sink.align_sink[b, h, q, j] = s.proj[0] / (st.agg_norm * math.sqrt(values.squares[b, kv, 0])
+                                                           + core.COS_EPS)
+            out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
+                                                              + core.COS_EPS)
+        if plan.want_bounds:
+            out.bound_p[b, h, q, j], out.bound_r[b, h, q, j] = core.certify(rows.certificates, at, s, s.top_idx, n)
+
+
+@njit(**_NO_RC)
+def _unselect(s, order, m):
+    """After a variant: its selected sources (candidates all) back to ``excluded = 0``."""
+    for rank in range(m):
+        s.excluded[order[rank]] = 0.0
+
+
+@njit(**_NO_RC)
+def _prf(values, rule, at, ls, n_cand, m):
+    """P, R, F of the selection ``ls.order[:m]`` into ``ls.part`` (NaN where undefined), then the
+    sources back to candidates."""
+    s = ls.core
+    ns = rule.ns
+    for j in range(ns.shape[0]):
+        ls.part[0, j] = ls.part[1, j] = ls.part[2, j] = np.nan
+    core.start(at, s, ls.order, n_cand, 0)
+    for j in range(ns.shape[0]):
+        if ns[j] >= n_cand:
+            break
+        st = core.step(values, rule, at, s, ls.order, j, False)
+        ls.part[0, j], ls.part[1, j], ls.part[2, j] = st.precision, st.recall, st.f
+    _unselect(s, ls.order, m)
+
+
+@njit(**_NO_RC)
+def _nosink(rows, values, rule, at, ls, n_cand, filled, out):
+    """Variant NOSINK: TOP's list without key 0 (an unselected candidate), with key 0 out of the
+    candidates; F only."""
+    b, h, _, _, _, q = at
+    s = ls.core
+    max_n = rule.ns[rule.ns.shape[0] - 1]
+    m = 0
+    for rank in range(filled):
+        if s.top_idx[rank] != 0 and m < max_n:
+            ls.order[m] = s.top_idx[rank]
+            m += 1
+    sink_alpha, sink_size = s.alpha[0], s.y_size[0]
+    s.alpha[0] = s.y_size[0] = 0.0
+    s.excluded[0] = math.inf
+    _prf(values, rule, at, ls, n_cand - 1 if rows.key_mask[b, 0] else n_cand, m)
+    for j in range(rule.ns.shape[0]):
+        out.sink.f_nosink[b, h, q, j] = ls.part[2, j]
+    s.alpha[0], s.y_size[0] = sink_alpha, sink_size
+    s.excluded[0] = 0.0 if rows.key_mask[b, 0] else math.inf
+
+
+@njit(**_NO_RC)
+def _random(rows, values, rule, plan, at, ls, out):
+    """Variant RANDOM: P, R, F of ``plan.n_random`` random rankings, summed; the row's
+    candidates listed once."""
+    b, h, _, t, _, q = at
+    n_cand = candidates(rows.key_mask, b, t, rule.exclude_sink, ls.cand_base)
+    m = min(rule.ns[rule.ns.shape[0] - 1], n_cand)
+    for r in range(plan.n_random):
+        for k in range(n_cand):
+            ls.cand[k] = ls.cand_base[k]
+        sample(ls.cand, n_cand, m, rows.random_keys[b], h, t, r, ls.order)
+        _prf(values, rule, at, ls, n_cand, m)
+        for j in range(rule.ns.shape[0]):
+            if not np.isnan(ls.part[0, j]):
+                for i in range(3):
+                    out.random_sum[i, b, h, q, j] += ls.part[i, j]
+
+
+@njit(**_NO_RC)
+def _measure(rows, values, rule, plan, at, ls, out):
+    """Every variant of one measured row. TOP's list keeps one source more than max N: without
+    the sink it is NOSINK's."""
+    s = ls.core
+    max_n = rule.ns[rule.ns.shape[0] - 1]
+    n_cand, filled = select(rows.pattern, rows.pattern, at, rows.key_mask, values.norms64, rule, max_n + 1, s)
+    listed = -1  # the sink's place in TOP's list, where it is a listed candidate
+    for rank in range(filled if not rule.exclude_sink else 0):
+        if s.top_idx[rank] == 0:
+            listed = rank
+    if plan.want_sink:
+        _sink_standing(rows, values, rule, at, s, listed, out.sink)
+    sink_candidate = not rule.exclude_sink and rows.key_mask[at[0], 0]
+    nosink_in_top = plan.want_sink and sink_candidate and not 0 <= listed < max_n
+    core.weighted_sizes(values, rule, at, s)  # shared by every variant of the row
+    _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out)
+    _unselect(s, s.top_idx, min(filled, max_n))
+    if plan.want_sink and not sink_candidate:  # NOSINK is TOP
+        b, h, _, _, _, q = at
+        for j in range(rule.ns.shape[0]):
+            out.sink.f_nosink[b, h, q, j] = out.metrics.f[b, h, q, j]
+    elif plan.want_sink and not nosink_in_top:
+        _nosink(rows, values, rule, at, ls, n_cand, filled, out)
+    if plan.n_random:
+        _random(rows, values, rule, plan, at, ls, out)
+
+
+@njit(**_NO_RC)
+def _task(rows, values, rule, plan, b, h, ls, out):
+    """The rows of one (sequence, head): no reference counting (see docs/design.md, "The engine")."""
+    kv = h // rule.group
+    last = rows.last[b]
+    every = plan.geometry_all or plan.taxonomy_all
+    for t in range(0 if every else last, rows.pattern.shape[2] if every else last + 1):
+        # Keys 0..t only: a causal model's later entries are the softmax's exact zeros, and
+        # mass there would leave these sums short of 1 (refused). Halves the bytes read.
+        at = (b, h, kv, t, t, t if plan.geometry_all else 0)
+        if _checks_and_votes(rows, values, plan, at, ls, out) and (plan.geometry_all or t == last):
+            _measure(rows, values, rule, plan, at, ls, out)
+
+
+@njit(cache=True, nogil=True)
+def layer_rows(lo, hi, rows, values, rule, plan, out):
+    """Fill ``out`` (:class:`~.bundles.LayerOutputs`, pre-filled with NaN / False / 0) for the
+    rows of tasks ``lo..hi-1`` (task = sequence · heads + head) of ``rows.pattern``
+    (:class:`~.bundles.LayerRows`, :class:`~.bundles.Values`, :class:`~.bundles.Rule`,
+    :class:`~.bundles.LayerPlan`). Per-N outputs ``[batch, head, q, n]`` have ``q`` = every query
+    (geometry at all) or 1 (the last)."""
+    n_heads, n_k = rows.pattern.shape[1], rows.pattern.shape[3]
+    max_n = rule.ns[rule.ns.shape[0] - 1]
+    bits = np.zeros(n_k, dtype=plan.bits_like.dtype)
+    ls = LayerScratch(core.scratch(n_k, values.vectors.shape[3], max_n + 1), bits, bits.view(rows.pattern.dtype),
+                      np.zeros(max_n, dtype=np.int64), np.zeros(n_k, dtype=np.int64),
+                      np.zeros(n_k, dtype=np.int64), np.zeros((3, rule.ns.shape[0])))
+    for task in range(lo, hi):
+        _task(rows, values, rule, plan, task // n_heads, task % n_heads, ls, out)

@@ -1,0 +1,113 @@
+"""One attention row: its checks, its selection by a ranking and its winner.
+
+A row is addressed by ``at = (b, h, kv, t, row, out)``: sequence, query head, kv head, query
+position, the row's index on the pattern's query axis and its index on the outputs' query axis.
+Keys are offered to the selection in decreasing position: recent keys usually carry more
+weight, so fewer are inserted.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+__all__ = ["insert_top", "scan_row", "select", "first_maximum", "BLOCK"]
+
+_NO_RC = {"cache": True, "nogil": True, "_nrt": False}
+_SUMS = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise a sum
+# Keys per block of the winner search.
+BLOCK = 16
+
+
+@njit(**_NO_RC)
+def insert_top(top_idx, top_score, filled, m, k, score):
+    """Offer key ``k`` to the best-``m`` list (score descending, ties to the lower position);
+    returns the new length. Keys come in decreasing position, so ``k`` wins ties against every
+    listed key."""
+    if filled == m and score < top_score[m - 1]:
+        return filled
+    pos = filled if filled < m else m - 1
+    while pos > 0 and score >= top_score[pos - 1]:
+        top_idx[pos] = top_idx[pos - 1]
+        top_score[pos] = top_score[pos - 1]
+        pos -= 1
+    top_idx[pos] = k
+    top_score[pos] = score
+    return filled + 1 if filled < m else m
+
+
+@njit(fastmath=_SUMS, **_NO_RC)
+def scan_row(rows, at, key_mask, n_keys):
+    """Over keys ``0..n_keys-1`` of the row: its sum (float64; NaN and inf propagate), its
+    number of negative entries and its mass on the visible keys (``0..t``, real)."""
+    b, h, _, t, row, _ = at
+    total = 0.0
+    visible = 0.0
+    negatives = 0
+    for k in range(n_keys):
+        a = float(rows[b, h, row, k])
+        total += a
+        visible += a if (k <= t and key_mask[b, k]) else 0.0
+        negatives += 1 if a < 0 else 0
+    return total, negatives, visible
+
+
+@njit(**_NO_RC)
+def select(rows, scores, at, key_mask, norms64, rule, m, s):
+    """The row's weights ``s.alpha`` (0 off the candidates), candidate flags ``s.excluded`` (0 for
+    a candidate, +inf otherwise: added to a distance it drops the key from every statistic
+    without a branch) and its best-``m`` candidates ``s.top_idx`` by the ranking (``scores``
+    ``[batch, head, q, key]`` read for ranking 2 only); returns (candidates, listed)."""
+    b, h, kv, t, row, _ = at
+    n_cand = 0
+    filled = 0
+    m = min(m, t + 1)
+    for k in range(t, -1, -1):
+        a = float(rows[b, h, row, k])
+        candidate = key_mask[b, k] and not (rule.exclude_sink and k == 0)
+        s.alpha[k] = a if candidate else 0.0
+        s.excluded[k] = 0.0 if candidate else math.inf
+        if not candidate:
+            continue
+        n_cand += 1
+        if rule.ranking == 0:
+            score = a
+        elif rule.ranking == 1:
+            score = a * norms64[b, kv, k]
+        else:  # -inf is still a candidate: above every non-candidate
+            score = max(float(scores[b, h, row, k]), -1.7976931348623157e308)
+        filled = insert_top(s.top_idx, s.top_score, filled, m, k, score)
+    return n_cand, filled
+
+
+@njit(**_NO_RC)
+def first_maximum(rows, at, key_mask, norms, scores, bits):
+    """The winner ``argmax α_k‖v_k‖`` over the visible keys ``0..t`` (in the pattern's dtype, ties
+    to the lower position; -1 when none). ``bits`` is ``scores`` viewed as same-width integers:
+    scores ≥ 0 (-0 made +0) order as their bit patterns do, so the maximum and the search are
+    integer loops that LLVM vectorises (a float maximum is a serial chain it does not)."""
+    b, h, kv, t, row, _ = at
+    n = t + 1
+    for k in range(n):
+        scores[k] = rows[b, h, row, k] * norms[b, kv, k] + 0.0 if key_mask[b, k] else -1.0
+    best = -1
+    for k in range(n):
+        best = max(best, bits[k])
+    if best < 0:
+        return -1
+    n_w = n - n % BLOCK
+    for k0 in range(0, n_w, BLOCK):
+        hits = 0
+        for e in range(BLOCK):
+            hits += 1 if bits[k0 + e] == best else 0
+        if hits:
+            for k in range(k0, k0 + BLOCK):
+                if bits[k] == best:
+                    return k
+    for k in range(n_w, n):
+        if bits[k] == best:
+            return k
+    return -1
+
+

@@ -1,0 +1,59 @@
+"""The separability kernel: the top-N metrics of chosen query rows of any pattern (docs/metrics.md)."""
+
+from __future__ import annotations
+
+from numba import njit
+
+from . import core
+from .rows import scan_row, select
+
+__all__ = ["separability_rows", "n_tasks", "ROWS_PER_TASK"]
+
+# Rows per parallel task: each task allocates its scratch arrays once.
+ROWS_PER_TASK = 64
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _row(inputs, values, rule, at, s, metrics, checks):
+    """One row: its checks, then (a real query) its selection and metrics at every defined N."""
+    b, h, _, t, q, _ = at
+    checks.total[b, h, q], checks.negatives[b, h, q], checks.visible[b, h, q] = scan_row(
+        inputs.rows, at, inputs.key_mask, inputs.rows.shape[3])
+    if not inputs.qvalid[b, q]:
+        return
+    ns = rule.ns
+    n_cand, _ = select(inputs.rows, inputs.scores, at, inputs.key_mask, values.norms64, rule, ns[ns.shape[0] - 1], s)
+    core.weighted_sizes(values, rule, at, s)
+    sink_rank = core.start(at, s, s.top_idx, n_cand, ns[ns.shape[0] - 1])
+    for j in range(ns.shape[0]):
+        if ns[j] >= n_cand:  # no unselected candidate: undefined from here on
+            break
+        st = core.step(values, rule, at, s, s.top_idx, j, True)
+        core.write_metrics(metrics, at, j, st, sink_rank < ns[j])
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _task(task, inputs, values, rule, s, metrics, checks):
+    """The rows of one task (no reference counting: see docs/design.md, "The engine")."""
+    n_batch, n_heads, n_q, _ = inputs.rows.shape
+    for r in range(task * ROWS_PER_TASK, min(n_batch * n_heads * n_q, (task + 1) * ROWS_PER_TASK)):
+        b = r // (n_heads * n_q)
+        h = (r // n_q) % n_heads
+        q = r % n_q
+        _row(inputs, values, rule, (b, h, h // rule.group, inputs.qpos[b, q], q, q), s, metrics, checks)
+
+
+def n_tasks(inputs):
+    """The number of tasks of :func:`separability_rows` (``ROWS_PER_TASK`` rows each)."""
+    n_batch, n_heads, n_q, _ = inputs.rows.shape
+    return (n_batch * n_heads * n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+
+
+@njit(cache=True, nogil=True)
+def separability_rows(lo, hi, inputs, values, rule, metrics, checks):
+    """Fill ``metrics`` (pre-filled with NaN / False) and ``checks`` for the rows of tasks
+    ``lo..hi-1`` of ``inputs.rows`` (:class:`~.bundles.SeparabilityRows`, :class:`~.bundles.Values`,
+    :class:`~.bundles.Rule`, :class:`~.bundles.Metrics`, :class:`~.bundles.RowChecks`)."""
+    s = core.scratch(inputs.rows.shape[3], values.vectors.shape[3], rule.ns[rule.ns.shape[0] - 1])
+    for task in range(lo, hi):
+        _task(task, inputs, values, rule, s, metrics, checks)
