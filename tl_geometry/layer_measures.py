@@ -285,10 +285,11 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     out = engine.LayerOutputs(
         metrics=engine.Metrics(*(full(*per_n) for _ in range(5)), torch.zeros(per_n, dtype=torch.bool)),
         checks=engine.RowChecks(*torch.zeros(3, batch, heads, n_q, dtype=torch.float64)),
-        bad_rows=torch.zeros(batch, heads, dtype=torch.int64),
-        votes=torch.zeros(batch, heads, 3, dtype=torch.int64), offsets=torch.zeros(batch, heads, n_k, dtype=torch.int64),
         sink=engine.Sink(full(batch, heads, n_sel), full(batch, heads, n_sel), full(*per_n), full(*per_n), full(*per_n)),
-        bound_p=full(*per_n), bound_r=full(*per_n), random_sum=torch.zeros(3, *per_n, dtype=torch.float64))
+        certificates=engine.Certificates(full(*per_n), full(*per_n)),
+        tallies=engine.Tallies(torch.zeros(batch, heads, dtype=torch.int64), torch.zeros(batch, heads, 3, dtype=torch.int64),
+                               torch.zeros(batch, heads, n_k, dtype=torch.int64),
+                               torch.zeros(3, *per_n, dtype=torch.float64)))
     for b_sl, kv_sl in blocks:
         h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
         block = values[b_sl, kv_sl]
@@ -316,9 +317,9 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
             rule, plan,
             engine.LayerOutputs(
                 engine.Metrics(*map(by_head, out.metrics)), engine.RowChecks(*map(by_head, out.checks)),
-                by_head(out.bad_rows), by_head(out.votes), by_head(out.offsets), engine.Sink(*map(by_head, out.sink)),
-                by_head(out.bound_p), by_head(out.bound_r), by_head(out.random_sum, 1)))
-    if bool(out.bad_rows.any()):  # a visited real row fails a distribution check: name the fault
+                engine.Sink(*map(by_head, out.sink)), engine.Certificates(*map(by_head, out.certificates)),
+                engine.Tallies(*map(by_head, out.tallies[:3]), by_head(out.tallies.random_sum, 1))))
+    if bool(out.tallies.bad_rows.any()):  # a visited real row fails a distribution check: name the fault
         every = geometry_all or taxonomy_all
         rows = torch.arange(n_q)[None].expand(batch, -1) if every else last[:, None]
         gather = rows[:, None, :].expand(batch, heads, -1)
@@ -341,12 +342,12 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
              sink_selected=finish(torch.where(defined, top.sink_selected.double(), torch.nan)))
     if repeats:
         for i, m in enumerate(("precision", "recall", "f")):
-            q[f"{m}_random"] = finish(torch.where(defined, out.random_sum[i] / repeats, torch.nan))
+            q[f"{m}_random"] = finish(torch.where(defined, out.tallies.random_sum[i] / repeats, torch.nan))
     per_row: dict[str, Tensor] = {}
     if config.sink:
         q.update(align_sink=finish(out.sink.align_sink), align_current=finish(out.sink.align_current),
                  f_nosink=finish(out.sink.f_nosink))
         per_row = {"sink_mass": out.sink.mass.to(out_dtype), "sink_rank": out.sink.rank.to(out_dtype)}
         if want_bounds:
-            q.update(precision_bound=finish(out.bound_p), recall_bound=finish(out.bound_r))
-    return LayerMeasures(qpos, q, per_row, per_kv, cosine_by_lag, out.votes, out.offsets)
+            q.update(precision_bound=finish(out.certificates.precision), recall_bound=finish(out.certificates.recall))
+    return LayerMeasures(qpos, q, per_row, per_kv, cosine_by_lag, out.tallies.votes, out.tallies.offsets)

@@ -5,7 +5,7 @@ Arrays in, arrays out: callers hand numpy arrays (views of CPU tensors) in the n
 numba, and it imports nothing of the package above it. Modules, one job each:
 
 - ``bundles``: the named inputs, settings and outputs the kernels take;
-- ``threads``: a kernel's tasks in chunks on a pool of threads;
+- ``threads``: numba's pool, sized on first use, and each parallel kernel's team;
 - ``rows``: one row's checks, its selection by a ranking, its winner;
 - ``core``: the metric core (top-N metrics N by N, the sink-excluded F, the certificates);
 - ``random_stream``: the counter-based random rankings;
@@ -23,6 +23,7 @@ from . import pairs as _pairs
 from . import random_stream as _random
 from . import separability as _separability
 from .bundles import (
+    Certificates,
     LayerOutputs,
     LayerPlan,
     LayerRows,
@@ -31,15 +32,16 @@ from .bundles import (
     Rule,
     SeparabilityRows,
     Sink,
+    Tallies,
     Values,
     integer_like,
 )
 from .core import COS_EPS
 from .random_stream import GOLDEN, HEAD, MIX, QUERY
-from .threads import run_tasks
+from .threads import team
 
 __all__ = [
-    "Values", "Rule", "Metrics", "RowChecks", "SeparabilityRows", "Sink", "LayerRows", "LayerPlan", "LayerOutputs",
+    "Values", "Rule", "Metrics", "RowChecks", "SeparabilityRows", "Sink", "LayerRows", "LayerPlan", "Tallies", "Certificates", "LayerOutputs",
     "integer_like", "COS_EPS", "GOLDEN", "MIX", "HEAD", "QUERY",
     "separability_rows", "layer_rows", "random_top_orders", "pair_cosine_statistics",
     "squared_norms", "sink_products", "norms_from_squares",
@@ -48,31 +50,31 @@ __all__ = [
 
 def separability_rows(inputs: SeparabilityRows, values: Values, rule: Rule, metrics: Metrics, checks: RowChecks) -> None:
     """The top-N metrics and row checks of every row of ``inputs.rows`` into ``metrics``, ``checks``."""
-    run_tasks(_separability.separability_rows, _separability.n_tasks(inputs), inputs.rows.size,
-              inputs, values, rule, metrics, checks)
+    with team(inputs.rows.size):
+        _separability.separability_rows(inputs, values, rule, metrics, checks)
 
 
 def layer_rows(rows: LayerRows, values: Values, rule: Rule, plan: LayerPlan, out: LayerOutputs) -> None:
     """Every measure of one layer (or a block of its sequences and kv heads) into ``out``."""
     batch, heads, n_q, n_k = rows.pattern.shape
     visited = n_q if (plan.geometry_all or plan.taxonomy_all) else 1
-    run_tasks(_layer.layer_rows, batch * heads, batch * heads * visited * n_k, rows, values, rule, plan, out)
+    with team(batch * heads * visited * n_k):
+        _layer.layer_rows(rows, values, rule, plan, *out)
 
 
 def random_top_orders(keys: np.ndarray, key_mask: np.ndarray, qpos: np.ndarray, qvalid: np.ndarray,
                       exclude_sink: bool, out: np.ndarray) -> None:
     """The random rankings' best sources ``out[repeat, batch, head, q, :max_n]``, as the layer pass
     draws them (``keys`` ``[batch]`` uint64)."""
-    _, batch, heads, n_q, _ = out.shape
-    run_tasks(_random.random_top_orders, batch * heads, batch * heads * n_q * key_mask.shape[1],
-              keys, key_mask, qpos, qvalid, exclude_sink, out)
+    with team(out.shape[1] * out.shape[2] * out.shape[3] * key_mask.shape[1]):
+        _random.random_top_orders(keys, key_mask, qpos, qvalid, exclude_sink, out)
 
 
 def pair_cosine_statistics(gram: np.ndarray, norms: np.ndarray, nonsink: np.ndarray, newest: np.ndarray,
                            largest: np.ndarray, total: np.ndarray) -> None:
     """|cos| over non-sink pairs from the Gram matrices (see ``pairs.pair_cosine_statistics``)."""
-    run_tasks(_pairs.pair_cosine_statistics, gram.shape[0] * gram.shape[1], gram.size,
-              gram, norms, nonsink, integer_like(gram.itemsize), newest, largest, total)
+    with team(gram.size):
+        _pairs.pair_cosine_statistics(gram, norms, nonsink, integer_like(gram.itemsize), newest, largest, total)
 
 
 squared_norms = _pairs.squared_norms

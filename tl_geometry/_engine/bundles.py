@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Values", "Rule", "SeparabilityRows", "Metrics", "RowChecks", "Sink", "LayerRows", "LayerPlan", "LayerOutputs", "integer_like"]
+__all__ = ["Values", "Rule", "SeparabilityRows", "Metrics", "RowChecks", "Sink", "LayerRows", "LayerPlan", "Tallies", "Certificates", "LayerOutputs",
+           "integer_like"]
 
 
 class Values(NamedTuple):
@@ -106,22 +107,33 @@ class LayerPlan(NamedTuple):
     bits_like: np.ndarray
 
 
-class LayerOutputs(NamedTuple):
-    """Everything the layer pass writes: ``metrics``; ``checks`` and ``bad_rows`` ``[batch, head]``
-    (real rows that fail a check); ``votes`` ``[batch, head, 3]`` and ``offsets``
-    ``[batch, head, key]`` (added to); ``sink``; the certificates ``bound_p``, ``bound_r``
-    ``[batch, head, q, n]``; ``random_sum`` ``[3, batch, head, q, n]`` (P, R, F summed over the
-    random rankings)."""
+class Tallies(NamedTuple):
+    """The layer pass' counts and sums: ``bad_rows`` ``[batch, head]`` (real rows that fail a
+    check); ``votes`` ``[batch, head, 3]`` and ``offsets`` ``[batch, head, key]`` (added to);
+    ``random_sum`` ``[3, batch, head, q, n]`` (P, R, F summed over the random rankings)."""
 
-    metrics: Metrics
-    checks: RowChecks
     bad_rows: np.ndarray
     votes: np.ndarray
     offsets: np.ndarray
-    sink: Sink
-    bound_p: np.ndarray
-    bound_r: np.ndarray
     random_sum: np.ndarray
+
+
+class Certificates(NamedTuple):
+    """Theorem 1's lower bounds on P and R ``[batch, head, q, n]``."""
+
+    precision: np.ndarray
+    recall: np.ndarray
+
+
+class LayerOutputs(NamedTuple):
+    """Everything the layer pass writes (a parallel loop takes the parts, not this bundle of
+    bundles: numba's parallel loops accept no nested tuples)."""
+
+    metrics: Metrics
+    checks: RowChecks
+    sink: Sink
+    certificates: Certificates
+    tallies: Tallies
 
 
 def integer_like(itemsize: int) -> np.ndarray:

@@ -26,6 +26,9 @@ from numba import njit
 __all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "write_metrics", "weighted_sizes"]
 
 _NO_RC = {"cache": True, "nogil": True, "_nrt": False}
+# A call passes every array of its bundles field by field (a dozen words each): the per-N steps
+# are inlined into their drivers instead.
+_INLINE = dict(_NO_RC, inline="always")
 _SUMS = {"reassoc", "contract", "nsz"}
 # Added to cosine denominators: a zero vector has cosine 0 with everything.
 COS_EPS = 1e-12
@@ -83,7 +86,7 @@ def dot(vectors, b, kv, k, y):
     return acc
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def weighted_sizes(values, rule, at, s):
     """``s.y_size[k]`` = ‖α_k v_k‖² (Euclidean) or ‖α_k v_k‖ (cosine) for keys ``0..t``: one row's
     sizes, which every variant of the row shares."""
@@ -158,35 +161,35 @@ def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, n):
 
 
 @njit(**_NO_RC)
-def _inversions(s, n_keys, n, rho_min, rho_max, outside):
-    """``Σ_{i selected, D_i ≥ ρ_min} #{j: D_j ≤ D_i}`` (``s.u_val[:n]`` the selected D_i,
-    ``s.dist`` +inf off the unselected candidates). Only the ``outside`` keys with ``D_j ≤ ρ_max``
-    can count: none, no pass; for several D_i they are gathered into ``s.near`` once."""
+def _inversions(dist, n_keys, u_val, n, rho_min, rho_max, outside, near):
+    """``Σ_{i selected, D_i ≥ ρ_min} #{j: D_j ≤ D_i}`` (``u_val[:n]`` the selected D_i, ``dist``
+    +inf off the unselected candidates). Only the ``outside`` keys with ``D_j ≤ ρ_max`` can count:
+    none, no pass; for several D_i they are gathered into ``near`` once."""
     if outside == 0:
         return 0
     above = 0
     last = 0
     for rank in range(n):
-        if s.u_val[rank] >= rho_min:  # below ρ_min no key counts
+        if u_val[rank] >= rho_min:  # below ρ_min no key counts
             above += 1
             last = rank
     if above == 0:
         return 0
     if above == 1:
-        return _count_at_most(s.dist, n_keys, s.u_val[last])
+        return _count_at_most(dist, n_keys, u_val[last])
     m = 0
     for k in range(n_keys):
-        if s.dist[k] <= rho_max:
-            s.near[m] = s.dist[k]
+        if dist[k] <= rho_max:
+            near[m] = dist[k]
             m += 1
     total = 0
     for rank in range(n):
-        if s.u_val[rank] >= rho_min:
-            total += _count_at_most(s.near, m, s.u_val[rank])
+        if u_val[rank] >= rho_min:
+            total += _count_at_most(near, m, u_val[rank])
     return total
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def start(at, s, order, n_cand, last_n):
     """Reset the row's running sums; returns the sink's rank in ``order`` (``last_n`` when it
     is not among the first ``last_n``)."""
@@ -202,7 +205,7 @@ def start(at, s, order, n_cand, last_n):
     return sink_rank
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _grow(values, rule, at, s, order, lo, hi):
     """Add the sources ``order[lo:hi]`` to the selection: out of the candidates, into ``p``
     (Gram rows) or the aggregate ``s_N`` (direct)."""
@@ -218,7 +221,7 @@ def _grow(values, rule, at, s, order, lo, hi):
             s.agg[e] += s.alpha[i] * values.vectors[b, kv, i, e]
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _aggregate_size(values, rule, at, s, order, n):
     """``‖s_N‖²``; in direct mode also ``p_k = ⟨v_k, s_N⟩`` for keys ``0..t``."""
     b, _, kv, t, _, _ = at
@@ -235,17 +238,17 @@ def _aggregate_size(values, rule, at, s, order, n):
 
 
 @njit(**_NO_RC)
-def _outside(rule, s, agg_sq, agg_norm, n, bound):
-    """``s.dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist ≤ bound}."""
+def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bound, dist):
+    """``dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist[k] ≤ bound}."""
     count = 0
     for k in range(n):
-        value = _distance(rule.euclidean, s.y_size[k], s.alpha[k], s.proj[k], agg_sq, agg_norm) + s.excluded[k]
-        s.dist[k] = value
+        value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
+        dist[k] = value
         count += 1 if value <= bound else 0
     return count
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def step(values, rule, at, s, order, j, full):
     """Grow the selection to ``N = rule.ns[j]`` (from ``rule.ns[j - 1]``) and measure it, where it
     is defined (``N`` below the candidates: the caller stops at the first that is not).
@@ -263,7 +266,8 @@ def step(values, rule, at, s, order, j, full):
             value = -agg_sq
         s.u_val[rank] = value  # D_i
         rho_max = max(rho_max, value)
-    outside = _outside(rule, s, agg_sq, agg_norm, t + 1, rho_max)
+    outside = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1, rho_max,
+                         s.dist)
     if outside == 0 and not full:  # every unselected candidate beyond ρ_max: all selected inside
         rho_rest = rho_min = math.inf
         inside = n
@@ -273,7 +277,7 @@ def step(values, rule, at, s, order, j, full):
         inside = 0
         for rank in range(n):
             inside += 1 if s.u_val[rank] < rho_min else 0
-    inversions = _inversions(s, t + 1, n, rho_min, rho_max, outside) if full else 0
+    inversions = _inversions(s.dist, t + 1, s.u_val, n, rho_min, rho_max, outside, s.near) if full else 0
     p = n / (n + outside)
     rc = inside / n
     f = 2 * p * rc / (p + rc) if rc > 0 else 0.0
@@ -284,7 +288,7 @@ def step(values, rule, at, s, order, j, full):
     return Step(p, rc, f, margin, inversions, rho_max, rho_rest, outside, agg_norm)
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def write_metrics(metrics, at, j, st, sink_selected):
     """The top-N metrics of ``st`` at the row's output ``[b, h, out, j]``."""
     b, h, _, _, _, q = at
@@ -296,7 +300,7 @@ def write_metrics(metrics, at, j, st, sink_selected):
     metrics.sink_selected[b, h, q, j] = sink_selected
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def nosink_f(s, st, n):
     """F of the same top-N set with key 0 (an unselected candidate) dropped from the candidates:
     only ρ_min, the outside count and the candidates change. Reads the last :func:`step`."""
@@ -323,7 +327,7 @@ def _certified_lower(lower, a, mass, slack_w, slack_64, selected_error):
 
 
 @njit(**_NO_RC)
-def _selected_weights(s, order, n):
+def _selected_weights(alpha, order, n):
     """W and Q of the selected non-sink weights, the selected sink's w_0, the largest selected
     weight: Theorem 1's inputs (the slacks of Lemma 3 scale with them)."""
     w0 = 0.0
@@ -332,16 +336,16 @@ def _selected_weights(s, order, n):
     a_max = 0.0
     for rank in range(n):
         i = order[rank]
-        a_max = max(a_max, s.alpha[i])
+        a_max = max(a_max, alpha[i])
         if i == 0:
-            w0 = s.alpha[0]
+            w0 = alpha[0]
         else:
-            total += s.alpha[i]
-            sum_sq += s.alpha[i] * s.alpha[i]
+            total += alpha[i]
+            sum_sq += alpha[i] * alpha[i]
     return w0, total, sum_sq, a_max
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def certify(cert, at, s, order, n):
     """Theorem 1's certificates (P, R lower bounds) of the top-N set ``order[:n]`` from the Gram
     bounds ``cert[:, b, kv, t]`` (``regime.CERTIFICATE_KEYS``). Overwrites ``s.u_val`` (with
@@ -350,7 +354,7 @@ def certify(cert, at, s, order, n):
     diag_lo, diag_hi, pair_hi, pair_lo = cert[0, b, kv, t], cert[1, b, kv, t], cert[2, b, kv, t], cert[3, b, kv, t]
     sink_hi, sink_lo, sink_sq = cert[4, b, kv, t], cert[5, b, kv, t], cert[6, b, kv, t]
     slack_w, slack_64 = cert[7, b, kv, t], cert[8, b, kv, t]
-    w0, total, sum_sq, a_max = _selected_weights(s, order, n)
+    w0, total, sum_sq, a_max = _selected_weights(s.alpha, order, n)
     mass = total + w0
     u_max = -math.inf
     for rank in range(n):

@@ -17,16 +17,21 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numba
 import numpy as np
 from numba import njit
 
 from . import core
+from .bundles import LayerOutputs
 from .random_stream import candidates, sample
 from .rows import first_maximum, scan_row, select
 
 __all__ = ["layer_rows"]
 
 _NO_RC = {"cache": True, "nogil": True, "_nrt": False}
+# The per-row steps are inlined into the task: a call passes every array of its bundles field by
+# field (a dozen words each), which per row cost more than the work of a short row.
+_INLINE = dict(_NO_RC, inline="always")
 
 
 class LayerScratch(NamedTuple):
@@ -43,7 +48,7 @@ class LayerScratch(NamedTuple):
     part: np.ndarray
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _checks_and_votes(rows, values, plan, at, ls, out):
     """The row's distribution checks (a failing real row counted in ``bad_rows``) and its vote;
     returns whether it is a real query."""
@@ -56,19 +61,19 @@ def _checks_and_votes(rows, values, plan, at, ls, out):
         return False
     if (not math.isfinite(total) or negatives > 0 or abs(total - 1) > plan.tolerance
             or total - visible > plan.tolerance):
-        out.bad_rows[b, h] += 1  # query_rows.check_distribution's conditions: it names the fault
+        out.tallies.bad_rows[b, h] += 1  # query_rows.check_distribution's conditions: it names the fault
     if (plan.taxonomy_all or t == rows.last[b]) and t > 0 and best >= 0:
         if best == t:
-            out.votes[b, h, 0] += 1
+            out.tallies.votes[b, h, 0] += 1
         elif best == 0:
-            out.votes[b, h, 1] += 1
+            out.tallies.votes[b, h, 1] += 1
         else:
-            out.votes[b, h, 2] += 1
-            out.offsets[b, h, t - best] += 1
+            out.tallies.votes[b, h, 2] += 1
+            out.tallies.offsets[b, h, t - best] += 1
     return True
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _sink_standing(rows, values, rule, at, s, listed, sink):
     """The sink's mass and rank: the number of candidates ranked before it (those listed before it
     when it is listed; otherwise every visible key that outscores it, ties to the sink)."""
@@ -93,7 +98,7 @@ def _sink_standing(rows, values, rule, at, s, listed, sink):
     sink.rank[b, h, q] = ahead
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out):
     """Variant TOP: every metric of the ranking's own top-N sets; with the sink diagnostics the
     alignments (and NOSINK's F when the sink is an unselected candidate at every N: the same
@@ -115,7 +120,7 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out):
             out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
                                                               + core.COS_EPS)
         if plan.want_bounds:
-            out.bound_p[b, h, q, j], out.bound_r[b, h, q, j] = core.certify(rows.certificates, at, s, s.top_idx, n)
+            out.certificates.precision[b, h, q, j], out.certificates.recall[b, h, q, j] = core.certify(rows.certificates, at, s, s.top_idx, n)
 
 
 @njit(**_NO_RC)
@@ -125,7 +130,7 @@ def _unselect(s, order, m):
         s.excluded[order[rank]] = 0.0
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _prf(values, rule, at, ls, n_cand, m):
     """P, R, F of the selection ``ls.order[:m]`` into ``ls.part`` (NaN where undefined), then the
     sources back to candidates."""
@@ -142,7 +147,7 @@ def _prf(values, rule, at, ls, n_cand, m):
     _unselect(s, ls.order, m)
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _nosink(rows, values, rule, at, ls, n_cand, filled, out):
     """Variant NOSINK: TOP's list without key 0 (an unselected candidate), with key 0 out of the
     candidates; F only."""
@@ -164,7 +169,7 @@ def _nosink(rows, values, rule, at, ls, n_cand, filled, out):
     s.excluded[0] = 0.0 if rows.key_mask[b, 0] else math.inf
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _random(rows, values, rule, plan, at, ls, out):
     """Variant RANDOM: P, R, F of ``plan.n_random`` random rankings, summed; the row's
     candidates listed once."""
@@ -179,10 +184,10 @@ def _random(rows, values, rule, plan, at, ls, out):
         for j in range(rule.ns.shape[0]):
             if not np.isnan(ls.part[0, j]):
                 for i in range(3):
-                    out.random_sum[i, b, h, q, j] += ls.part[i, j]
+                    out.tallies.random_sum[i, b, h, q, j] += ls.part[i, j]
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def _measure(rows, values, rule, plan, at, ls, out):
     """Every variant of one measured row. TOP's list keeps one source more than max N: without
     the sink it is NOSINK's."""
@@ -225,17 +230,23 @@ def _task(rows, values, rule, plan, b, h, ls, out):
 
 
 @njit(cache=True, nogil=True)
-def layer_rows(lo, hi, rows, values, rule, plan, out):
-    """Fill ``out`` (:class:`~.bundles.LayerOutputs`, pre-filled with NaN / False / 0) for the
-    rows of tasks ``lo..hi-1`` (task = sequence · heads + head) of ``rows.pattern``
-    (:class:`~.bundles.LayerRows`, :class:`~.bundles.Values`, :class:`~.bundles.Rule`,
-    :class:`~.bundles.LayerPlan`). Per-N outputs ``[batch, head, q, n]`` have ``q`` = every query
-    (geometry at all) or 1 (the last)."""
-    n_heads, n_k = rows.pattern.shape[1], rows.pattern.shape[3]
+def _scratch(rows, values, rule, plan):
+    """A task's :class:`LayerScratch`."""
+    n_k = rows.pattern.shape[3]
     max_n = rule.ns[rule.ns.shape[0] - 1]
     bits = np.zeros(n_k, dtype=plan.bits_like.dtype)
-    ls = LayerScratch(core.scratch(n_k, values.vectors.shape[3], max_n + 1), bits, bits.view(rows.pattern.dtype),
-                      np.zeros(max_n, dtype=np.int64), np.zeros(n_k, dtype=np.int64),
-                      np.zeros(n_k, dtype=np.int64), np.zeros((3, rule.ns.shape[0])))
-    for task in range(lo, hi):
-        _task(rows, values, rule, plan, task // n_heads, task % n_heads, ls, out)
+    return LayerScratch(core.scratch(n_k, values.vectors.shape[3], max_n + 1), bits, bits.view(rows.pattern.dtype),
+                        np.zeros(max_n, dtype=np.int64), np.zeros(n_k, dtype=np.int64), np.zeros(n_k, dtype=np.int64),
+                        np.zeros((3, rule.ns.shape[0])))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def layer_rows(rows, values, rule, plan, metrics, checks, sink, certificates, tallies):
+    """Fill the outputs (:class:`~.bundles.LayerOutputs`' parts, pre-filled with NaN / False / 0)
+    for every row of ``rows.pattern``, one task per (sequence, head) (:class:`~.bundles.LayerRows`,
+    :class:`~.bundles.Values`, :class:`~.bundles.Rule`, :class:`~.bundles.LayerPlan`). Per-N
+    outputs ``[batch, head, q, n]`` have ``q`` = every query (geometry at all) or 1 (the last)."""
+    n_heads = rows.pattern.shape[1]
+    for task in numba.prange(rows.pattern.shape[0] * n_heads):
+        out = LayerOutputs(metrics, checks, sink, certificates, tallies)
+        _task(rows, values, rule, plan, task // n_heads, task % n_heads, _scratch(rows, values, rule, plan), out)

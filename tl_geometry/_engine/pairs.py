@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -48,28 +49,26 @@ def norms_from_squares(squares):
     return out
 
 
-@njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
-def pair_cosine_statistics(lo, hi, gram, norms, nonsink, bits_like, newest, largest, total):
+@njit(parallel=True, cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
+def pair_cosine_statistics(gram, norms, nonsink, bits_like, newest, largest, total):
     """|cos| of every pair of non-sink keys from the Gram matrices ``[batch, kv, key, key]``,
     without holding the cosine matrix: ``newest[b, kv, t] = max_{i<t} |cos(v_t, v_i)|`` (0 without
     such a pair), and per (sequence, kv head) the largest and the sum over ordered pairs i ≠ j.
     Cosines are ``G[t, i]·(1/‖v_t‖)·(1/‖v_i‖)`` in the values' dtype (norms clamped to the
     dtype's tiny; non-sink keys get the reciprocal 0, so the loops need no branch); inputs are
     finite. A row's |cos| are ≥ 0, so their maximum is an integer maximum of their bit patterns
-    (``bits_like``: an empty integer array of the values' width), which LLVM vectorises.
-    Tasks ``lo..hi-1``: task = sequence · kv heads + kv head."""
-    n_kv, n_k = gram.shape[1], gram.shape[2]
+    (``bits_like``: an empty integer array of the values' width), which LLVM vectorises."""
+    n_batch, n_kv, n_k, _ = gram.shape
     tiny = np.finfo(norms.dtype).tiny
-    inverse = np.zeros(n_k, dtype=norms.dtype)
-    row_bits = np.zeros(n_k, dtype=bits_like.dtype)
-    row = row_bits.view(norms.dtype)
-    top_bits = np.zeros(1, dtype=bits_like.dtype)
-    top_value = top_bits.view(norms.dtype)  # the maximum's bits read back as a float
-    for task in range(lo, hi):
+    for task in numba.prange(n_batch * n_kv):
         b = task // n_kv
         h = task % n_kv
+        inverse = np.zeros(n_k, dtype=norms.dtype)
+        row_bits = np.zeros(n_k, dtype=bits_like.dtype)
+        row = row_bits.view(norms.dtype)
+        top_bits = np.zeros(1, dtype=bits_like.dtype)
+        top_value = top_bits.view(norms.dtype)  # the maximum's bits read back as a float
         for k in range(n_k):
-            inverse[k] = 0.0
             if nonsink[b, k]:
                 inverse[k] = 1 / max(norms[b, h, k], tiny)
         best = 0.0

@@ -8,6 +8,7 @@ draws the same stream in torch on any device).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -57,17 +58,17 @@ def candidates(key_mask, b, t, exclude_sink, cand):
     return n_cand
 
 
-@njit(cache=True, nogil=True)
-def random_top_orders(lo, hi, keys, key_mask, qpos, qvalid, exclude_sink, out):
-    """The random rankings' best sources ``out[repeat, batch, head, q, :max_n]`` for tasks
-    ``lo..hi-1`` (task = sequence · heads + head; left as the caller filled them past the
-    candidates), exactly as the layer pass draws them."""
+@njit(parallel=True, cache=True, nogil=True)
+def random_top_orders(keys, key_mask, qpos, qvalid, exclude_sink, out):
+    """The random rankings' best sources ``out[repeat, batch, head, q, :max_n]`` (left as the
+    caller filled them past the candidates), exactly as the layer pass draws them; one task per
+    (sequence, head)."""
     n_heads, n_q, max_n = out.shape[2], qpos.shape[1], out.shape[4]
-    cand = np.zeros(key_mask.shape[1], dtype=np.int64)
-    order = np.zeros(max_n, dtype=np.int64)
-    for task in range(lo, hi):
+    for task in numba.prange(qpos.shape[0] * n_heads):
         b = task // n_heads
         h = task % n_heads
+        cand = np.zeros(key_mask.shape[1], dtype=np.int64)
+        order = np.zeros(max_n, dtype=np.int64)
         for qi in range(n_q):
             t = qpos[b, qi]
             if not qvalid[b, qi]:

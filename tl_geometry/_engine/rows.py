@@ -15,6 +15,7 @@ from numba import njit
 __all__ = ["insert_top", "scan_row", "select", "first_maximum", "BLOCK"]
 
 _NO_RC = {"cache": True, "nogil": True, "_nrt": False}
+_INLINE = dict(_NO_RC, inline="always")  # called per row with bundles: see core
 _SUMS = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise a sum
 # Keys per block of the winner search.
 BLOCK = 16
@@ -45,39 +46,46 @@ def scan_row(rows, at, key_mask, n_keys):
     total = 0.0
     visible = 0.0
     negatives = 0
-    for k in range(n_keys):
+    n_visible = min(t + 1, n_keys)
+    for k in range(n_visible):
         a = float(rows[b, h, row, k])
         total += a
-        visible += a if (k <= t and key_mask[b, k]) else 0.0
+        visible += a if key_mask[b, k] else 0.0
+        negatives += 1 if a < 0 else 0
+    for k in range(n_visible, n_keys):
+        a = float(rows[b, h, row, k])
+        total += a
         negatives += 1 if a < 0 else 0
     return total, negatives, visible
 
 
-@njit(**_NO_RC)
+@njit(**_INLINE)
 def select(rows, scores, at, key_mask, norms64, rule, m, s):
     """The row's weights ``s.alpha`` (0 off the candidates), candidate flags ``s.excluded`` (0 for
     a candidate, +inf otherwise: added to a distance it drops the key from every statistic
     without a branch) and its best-``m`` candidates ``s.top_idx`` by the ranking (``scores``
     ``[batch, head, q, key]`` read for ranking 2 only); returns (candidates, listed)."""
     b, h, kv, t, row, _ = at
+    alpha, excluded, top_idx, top_score = s.alpha, s.excluded, s.top_idx, s.top_score
+    exclude_sink, ranking = rule.exclude_sink, rule.ranking
     n_cand = 0
     filled = 0
     m = min(m, t + 1)
     for k in range(t, -1, -1):
         a = float(rows[b, h, row, k])
-        candidate = key_mask[b, k] and not (rule.exclude_sink and k == 0)
-        s.alpha[k] = a if candidate else 0.0
-        s.excluded[k] = 0.0 if candidate else math.inf
+        candidate = key_mask[b, k] and not (exclude_sink and k == 0)
+        alpha[k] = a if candidate else 0.0
+        excluded[k] = 0.0 if candidate else math.inf
         if not candidate:
             continue
         n_cand += 1
-        if rule.ranking == 0:
+        if ranking == 0:
             score = a
-        elif rule.ranking == 1:
+        elif ranking == 1:
             score = a * norms64[b, kv, k]
         else:  # -inf is still a candidate: above every non-candidate
             score = max(float(scores[b, h, row, k]), -1.7976931348623157e308)
-        filled = insert_top(s.top_idx, s.top_score, filled, m, k, score)
+        filled = insert_top(top_idx, top_score, filled, m, k, score)
     return n_cand, filled
 
 
@@ -90,7 +98,9 @@ def first_maximum(rows, at, key_mask, norms, scores, bits):
     b, h, kv, t, row, _ = at
     n = t + 1
     for k in range(n):
-        scores[k] = rows[b, h, row, k] * norms[b, kv, k] + 0.0 if key_mask[b, k] else -1.0
+        scores[k] = rows[b, h, row, k] * norms[b, kv, k] if key_mask[b, k] else -1.0
+    for k in range(n):  # -0 to +0 (a pass of its own: LLVM vectorises it)
+        scores[k] = scores[k] + 0.0
     best = -1
     for k in range(n):
         best = max(best, bits[k])

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numba
 from numba import njit
 
 from . import core
 from .rows import scan_row, select
 
-__all__ = ["separability_rows", "n_tasks", "ROWS_PER_TASK"]
+__all__ = ["separability_rows", "ROWS_PER_TASK"]
 
 # Rows per parallel task: each task allocates its scratch arrays once.
 ROWS_PER_TASK = 64
@@ -43,17 +44,12 @@ def _task(task, inputs, values, rule, s, metrics, checks):
         _row(inputs, values, rule, (b, h, h // rule.group, inputs.qpos[b, q], q, q), s, metrics, checks)
 
 
-def n_tasks(inputs):
-    """The number of tasks of :func:`separability_rows` (``ROWS_PER_TASK`` rows each)."""
-    n_batch, n_heads, n_q, _ = inputs.rows.shape
-    return (n_batch * n_heads * n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-
-
-@njit(cache=True, nogil=True)
-def separability_rows(lo, hi, inputs, values, rule, metrics, checks):
-    """Fill ``metrics`` (pre-filled with NaN / False) and ``checks`` for the rows of tasks
-    ``lo..hi-1`` of ``inputs.rows`` (:class:`~.bundles.SeparabilityRows`, :class:`~.bundles.Values`,
+@njit(parallel=True, cache=True, nogil=True)
+def separability_rows(inputs, values, rule, metrics, checks):
+    """Fill ``metrics`` (pre-filled with NaN / False) and ``checks`` for every row of
+    ``inputs.rows`` (:class:`~.bundles.SeparabilityRows`, :class:`~.bundles.Values`,
     :class:`~.bundles.Rule`, :class:`~.bundles.Metrics`, :class:`~.bundles.RowChecks`)."""
-    s = core.scratch(inputs.rows.shape[3], values.vectors.shape[3], rule.ns[rule.ns.shape[0] - 1])
-    for task in range(lo, hi):
+    n_batch, n_heads, n_q, n_k = inputs.rows.shape
+    for task in numba.prange((n_batch * n_heads * n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        s = core.scratch(n_k, values.vectors.shape[3], rule.ns[rule.ns.shape[0] - 1])
         _task(task, inputs, values, rule, s, metrics, checks)

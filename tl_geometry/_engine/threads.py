@@ -1,48 +1,48 @@
-"""Parallel work: a kernel's tasks in chunks, run on a pool of Python threads.
+"""numba's thread pool: sized on first use, and each parallel kernel's team set and restored.
 
-Each compiled kernel takes a task range ``(lo, hi)`` and releases the GIL (``nogil``), so plain
-threads run chunks of tasks side by side. Chunks are handed out as threads free up (several per
-thread), so a thread slowed by a busy core does not hold up the others, and no second OpenMP
-runtime sits beside torch's: nothing spins while torch works, and nothing is configured at
-import. Threads follow ``torch.get_num_threads()`` (one per rank under ``torchrun``); jobs of
-fewer than ``PARALLEL_ELEMENTS`` row elements run in the caller's thread (waking a pool costs
-more than they do).
+The pool runs on the OpenMP runtime torch has loaded (one ``libgomp`` in the process), so a
+kernel's parallel loop and torch's operations share one team of warm threads. numba launches the
+pool at the first parallel kernel with ``numba.config.NUMBA_NUM_THREADS`` threads; unless the
+user set the ``NUMBA_NUM_THREADS`` variable, that value is made torch's thread count just before
+(a config value, not the process environment): ranks under ``torchrun`` have one thread each, and
+a pool of idle workers per rank would spin against the other ranks. Small jobs run on one thread
+(waking the pool costs more). Loop iterations are handed out one at a time (dynamic
+scheduling), so a thread slowed by a busy core does not hold up the others.
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import numba
 import torch
 
-__all__ = ["run_tasks", "PARALLEL_ELEMENTS", "CHUNKS_PER_THREAD"]
+__all__ = ["team", "PARALLEL_ELEMENTS"]
 
-# Row elements (rows × keys) below which a kernel runs in the caller's thread.
+# Row elements (rows × keys) below which a kernel runs on one thread.
 PARALLEL_ELEMENTS = 1 << 17
-# Chunks per thread: enough for a fast thread to take over a slow one's share.
-CHUNKS_PER_THREAD = 4
-
-_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """This process' pool of ``threads`` threads, made on first use (a forked child makes its own)."""
-    key = (os.getpid(), threads)
-    if key not in _pools:
-        _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="tl_geometry")
-    return _pools[key]
+def _size_pool() -> None:
+    """Before numba launches its pool: size it to torch's threads, unless the user chose."""
+    from numba.np.ufunc import parallel
+
+    if not parallel._is_initialized and "NUMBA_NUM_THREADS" not in os.environ:
+        numba.config.NUMBA_NUM_THREADS = max(1, torch.get_num_threads())
 
 
-def run_tasks(kernel, n_tasks: int, elements: int, *args) -> None:
-    """``kernel(lo, hi, *args)`` over the tasks ``0..n_tasks-1``, in chunks on torch's thread count."""
-    threads = 1 if elements < PARALLEL_ELEMENTS else min(torch.get_num_threads(), n_tasks)
-    if threads <= 1:
-        kernel(0, n_tasks, *args)
-        return
-    n_chunks = min(n_tasks, threads * CHUNKS_PER_THREAD)
-    bounds = [n_tasks * i // n_chunks for i in range(n_chunks + 1)]
-    futures = [_pool(threads).submit(kernel, lo, hi, *args) for lo, hi in pairwise(bounds)]
-    for future in futures:
-        future.result()
+@contextmanager
+def team(elements: int) -> Iterator[None]:
+    """Run the parallel kernels inside on torch's thread count (one below ``PARALLEL_ELEMENTS``
+    row elements; at most the pool's size), dynamically scheduled; the caller's settings restored."""
+    _size_pool()
+    threads = 1 if elements < PARALLEL_ELEMENTS else torch.get_num_threads()
+    previous = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        with numba.parallel_chunksize(1):
+            yield
+    finally:
+        numba.set_num_threads(previous)
