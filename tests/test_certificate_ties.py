@@ -103,7 +103,7 @@ def _layer(pattern, v, n, backend, ranking="attention", exclude_sink=False):
 ROUTES = {
     "separability_numba": lambda p, v, n, **o: _public(p, v, n, "numba", **o),
     "separability_torch": lambda p, v, n, **o: _public(p, v, n, "torch", **o),
-    "layer_fused": lambda p, v, n, **o: _layer(p, v, n, "fused", **o),
+    "layer_numba": lambda p, v, n, **o: _layer(p, v, n, "numba", **o),
     "layer_torch": lambda p, v, n, **o: _layer(p, v, n, "torch", **o),
 }
 

@@ -56,12 +56,12 @@ def test_fused_equals_the_public_functions(options, dtype):
     config = RunConfig(**{"n": (1, 2, 3, 5), **options})
     att = layer(lengths=[9, 6], dtype=dtype)
     random = draws(2, 3)
-    fused = measure_layer(att, config, random, backend="fused")
+    fused = measure_layer(att, config, random, backend="numba")
     composed = measure_layer(att, config, random, backend="torch")
     assert_same(fused, composed, atol=1e-12 if dtype == torch.float64 else 1e-5)
 
 
-@pytest.mark.parametrize("backend", ["fused", "torch"])
+@pytest.mark.parametrize("backend", ["numba", "torch"])
 def test_non_finite_values_at_real_keys_are_refused(backend):
     att = layer(lengths=[9, 6])
     config = RunConfig(n=(1, 2))
@@ -97,7 +97,7 @@ def test_fused_winners_equal_the_loop_oracle_with_ties_and_signed_zeros(dtype):
                          key_mask=key_mask, query_mask=key_mask.clone(), has_bos=torch.ones(batch, dtype=torch.bool))
     att = LayerAttention(layer=0, pattern=att.pattern / att.pattern.sum(-1, keepdim=True), kv_values=v,
                          key_mask=key_mask, query_mask=key_mask.clone(), has_bos=att.has_bos)
-    fused = measure_layer(att, RunConfig(n=(1,), sink=False), None, backend="fused")
+    fused = measure_layer(att, RunConfig(n=(1,), sink=False), None, backend="numba")
     winners = oracle_winners(att.pattern, v, key_mask)
     votes = torch.zeros(batch, heads, 3, dtype=torch.int64)
     offsets = torch.zeros(batch, heads, pos, dtype=torch.int64)
@@ -118,8 +118,8 @@ def test_a_workspace_reused_across_layers_of_other_shapes_changes_nothing():
     small, large = layer(pos=9, lengths=[9, 6]), layer(batch=3, pos=14, seed=2)
     workspace = Workspace()
     for att in (small, large, small):  # the buffer grows for the larger layer, then is reused smaller
-        assert_same(measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="fused", workspace=workspace),
-                    measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="fused"), atol=0)
+        assert_same(measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="numba", workspace=workspace),
+                    measure_layer(att, config, draws(att.pattern.shape[0], 2), backend="numba"), atol=0)
     assert workspace._buffers["gram"].numel() == 3 * 2 * 14 * 14
 
 
@@ -137,16 +137,16 @@ def test_bad_patterns_are_refused_by_the_fused_pass_as_by_the_torch_backend(faul
     message, spoil = BAD_PATTERNS[fault]
     att = layer(lengths=[9, 6])
     spoil(att.pattern)
-    for backend in ("fused", "torch"):
+    for backend in ("numba", "torch"):
         with pytest.raises(ValueError, match=message):
             measure_layer(att, RunConfig(n=(1, 2), queries=queries), None, backend=backend)
 
 
 def test_garbage_in_pad_query_rows_is_not_a_fault():
     att = layer(lengths=[9, 6])
-    clean = measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="fused")
+    clean = measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="numba")
     att.pattern[1, :, 7] = -3.0  # a pad query of sequence 1: no row check, no measure
-    assert_same(measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="fused"), clean, atol=0)
+    assert_same(measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="numba"), clean, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -155,5 +155,5 @@ def test_narrow_dtype_rows_pass_the_fused_checks(dtype):
     att = LayerAttention(layer=0, pattern=att.pattern.to(dtype), kv_values=att.kv_values.to(dtype),
                          key_mask=att.key_mask, query_mask=att.query_mask, has_bos=att.has_bos)
     assert float((att.pattern.double().sum(-1) - 1).abs().max()) > 1e-4  # off by more than float32 would be
-    out = measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="fused")
+    out = measure_layer(att, RunConfig(n=(1, 2), queries="all"), None, backend="numba")
     assert out.per_query["f_top"].isfinite().any()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import numpy as np
 import torch
@@ -28,10 +27,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from . import _engine as engine
+from .backend import Backend, resolve_backend
 from .config import RunConfig
-from .errors import TLGeometryError
 from .metrics import inversion_bounds, separability, separability_over_rankings
 from .query_rows import check_values, finite_values
+from .random_orders import random_top_orders
 from .regime import (
     CERTIFICATE_KEYS,
     certificate_table,
@@ -45,7 +45,6 @@ from .taxonomy import offset_counts, votes_from_winners, winner_sources
 
 __all__ = ["LayerMeasures", "RandomDraws", "Workspace", "measure_layer", "PER_KV_FIELDS"]
 
-Backend = Literal["auto", "fused", "torch"]
 # Regime-fit fields kept per kv head.
 FIT_FIELDS = ("c", "c_spread", "c0", "coherence_max", "coherence_mean", "sink_alignment", "sign_consistency")
 PER_KV_FIELDS = ("norm_ratio", "sink_norm", "mean_norm", "sink_cosine", *FIT_FIELDS, "regime_holds")
@@ -62,22 +61,18 @@ class RandomDraws:
     def top_orders(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int,
                    exclude_sink: bool) -> Int[Tensor, "repeat batch head q max_n"]:
         """The best-``max_n`` sources of every random ranking (-1 past the candidates), as the
-        fused pass draws them."""
-        out = torch.full((self.repeats, *qpos.shape[:1], n_heads, qpos.shape[1], max_n), -1, dtype=torch.int64)
-        engine.random_top_orders(self.keys.cpu().numpy().view(np.uint64), key_mask.cpu().contiguous().numpy(),
-                                 qpos.cpu().contiguous().numpy(), qvalid.cpu().contiguous().numpy(), exclude_sink,
-                                 out.numpy())
-        return out
+        engine's layer pass draws them, on ``key_mask``'s device."""
+        return random_top_orders(self.keys, key_mask, qpos, qvalid, n_heads, self.repeats, max_n, exclude_sink)
 
     def scores(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int, exclude_sink: bool
                ) -> Float[Tensor, "repeat batch head q key"]:
         """Score tensors whose top-``max_n`` are :meth:`top_orders` (for ``separability(ranking=...)``)."""
         orders = self.top_orders(key_mask, qpos, qvalid, n_heads, max_n, exclude_sink)
         n_k = key_mask.shape[1]
-        scores = torch.zeros(*orders.shape[:-1], n_k + 1)  # column n_k takes the -1 entries
-        rank_scores = torch.arange(max_n, 0, -1, dtype=scores.dtype).expand_as(orders)
+        scores = torch.zeros(*orders.shape[:-1], n_k + 1, device=orders.device)  # column n_k takes the -1 entries
+        rank_scores = torch.arange(max_n, 0, -1, dtype=scores.dtype, device=orders.device).expand_as(orders)
         scores.scatter_(-1, torch.where(orders >= 0, orders, n_k), rank_scores)
-        return scores[..., :n_k].to(key_mask.device)
+        return scores[..., :n_k]
 
 
 @dataclass
@@ -125,18 +120,15 @@ class LayerMeasures:
 def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: Backend = "auto",
                   workspace: Workspace | None = None) -> LayerMeasures:
     """Measure one layer (see :class:`LayerMeasures`); ``random`` None (or 0 repeats) skips the
-    random baseline. ``backend="auto"``: fused on CPU tensors, torch elsewhere.
+    random baseline. ``backend``: see ``tl_geometry.backend``.
     ``workspace``: scratch kept from layer to layer (a run passes one; default: fresh tensors)."""
-    if backend not in ("auto", "fused", "torch"):
-        raise TLGeometryError(f"backend must be 'auto', 'fused' or 'torch'; got {backend!r}.")
-    if backend == "auto":
-        backend = "fused" if att.pattern.device.type == "cpu" else "torch"
+    backend = resolve_backend(backend, att.pattern.device)
     if random is not None and random.repeats == 0:
         random = None
     # The fused pass checks the values from their squared norms (see _measure_fused).
     if backend == "torch":
         att = replace(att, kv_values=finite_values(att.kv_values, att.key_mask))
-    if backend == "fused":
+    if backend == "numba":
         out = _measure_fused(att, config, random, Workspace() if workspace is None else workspace)
     else:
         out = _measure_torch(att, config, random)
@@ -222,7 +214,14 @@ def _positions(att, queries: str) -> Tensor:
 
 
 def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace: Workspace) -> LayerMeasures:
-    from .query_rows import GRAM_BYTES, check_distribution, gram_blocks, query_positions, row_sum_tolerance
+    from .query_rows import (
+        GRAM_BYTES,
+        block_grams,
+        check_distribution,
+        gram_blocks,
+        query_positions,
+        row_sum_tolerance,
+    )
     from .selection import squared_value_norms, value_norms64
 
     pattern = att.pattern.detach()
@@ -261,9 +260,9 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     variants = 1 + 2 * config.sink + repeats
     use_gram = config.sink or group * n_sel * n_out * variants >= n_k
     gram_bytes = n_k * n_k * values.element_size() if use_gram else 0
-    blocks = gram_blocks(batch, n_kv, gram_bytes, max(GRAM_BYTES, pattern.numel() * pattern.element_size() // 2))
+    budget = max(GRAM_BYTES, pattern.numel() * pattern.element_size() // 2)
     whole_gram = None
-    if use_gram and len(blocks) == 1:
+    if use_gram and len(gram_blocks(batch, n_kv, gram_bytes, budget)) == 1:
         whole_gram = torch.matmul(values, values.transpose(-1, -2),
                                   out=workspace.empty("gram", (batch, n_kv, n_k, n_k), values.dtype))
     g = torch.zeros(len(CERTIFICATE_KEYS), batch, n_kv, n_k, dtype=torch.float64)
@@ -290,15 +289,12 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
         tallies=engine.Tallies(torch.zeros(batch, heads, dtype=torch.int64), torch.zeros(batch, heads, 3, dtype=torch.int64),
                                torch.zeros(batch, heads, n_k, dtype=torch.int64),
                                torch.zeros(3, *per_n, dtype=torch.float64)))
-    for b_sl, kv_sl in blocks:
+    def buffer(shape):
+        return workspace.empty("gram", shape, values.dtype)
+
+    for b_sl, kv_sl, block, gram in block_grams(values, use_gram, budget, whole=whole_gram, buffer=buffer):
         h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
-        block = values[b_sl, kv_sl]
-        if whole_gram is not None:
-            gram = whole_gram
-        elif use_gram:
-            gram = torch.matmul(block, block.transpose(-1, -2),
-                                out=workspace.empty("gram", (*block.shape[:2], n_k, n_k), block.dtype))
-        else:
+        if gram is None:
             gram = block.new_empty(0, 0, 0, 0)
 
         def by_seq(x, b_sl=b_sl):

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .backend import Backend, resolve_backend
 from .config import Distance, Queries, Ranking
 from .errors import TLGeometryError
 from .query_rows import SeparabilityJob, as_n_tuple, prepare_separability
@@ -47,9 +47,6 @@ __all__ = [
     "separability_over_rankings",
     "inversion_bounds",
 ]
-
-Backend = Literal["auto", "numba", "torch"]
-
 
 @dataclass
 class Separability:
@@ -149,13 +146,8 @@ def _separability(pattern, v, n, *, distance="euclidean", ranking="attention", q
 
 
 def _run_backend(job: SeparabilityJob, backend: Backend, chunk_elements: int, gram_cache: dict | None):
-    """The fused backend for CPU tensors (numba is a dependency), torch otherwise."""
-    if backend not in ("auto", "numba", "torch"):
-        raise TLGeometryError(f"backend must be 'auto', 'numba' or 'torch'; got {backend!r}.")
-    device = job.pattern.device
-    if backend == "numba" and device.type != "cpu":
-        raise TLGeometryError(f"backend='numba' runs on CPU tensors; these are on {device}. Use backend='auto'.")
-    if backend != "torch" and device.type == "cpu":
+    """The job on the chosen backend (see ``tl_geometry.backend``)."""
+    if resolve_backend(backend, job.pattern.device) == "numba":
         from .separability_fused import separability_fused
 
         return separability_fused(job, gram_cache=gram_cache)

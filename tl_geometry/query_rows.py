@@ -12,7 +12,7 @@ dtype: a bfloat16 softmax is only good to a few parts in a thousand.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TypedDict
@@ -35,6 +35,7 @@ __all__ = [
     "row_sum_tolerance",
     "finite_values",
     "gram_blocks",
+    "block_grams",
     "GRAM_BYTES",
 ]
 
@@ -355,3 +356,23 @@ def gram_blocks(batch: int, kv: int, gram_bytes: int, budget: int = GRAM_BYTES) 
         step = budget // per_sequence
         return [(slice(lo, min(lo + step, batch)), slice(0, kv)) for lo in range(0, batch, step)]
     return [(slice(b, b + 1), slice(h, h + 1)) for b in range(batch) for h in range(kv)]
+
+
+def block_grams(values: Float[Tensor, "batch kv key d"], use_gram: bool = True, budget: int = GRAM_BYTES, *,
+                whole: Tensor | None = None, buffer: Callable[[tuple[int, ...]], Tensor] | None = None
+                ) -> Iterator[tuple[slice, slice, Tensor, Tensor | None]]:
+    """``(sequences, kv heads, values block, its Gram matrices V Vᵀ)`` over the blocks of
+    :func:`gram_blocks` (the Gram matrices None without ``use_gram``). ``whole``: the caller's
+    Gram matrices of all the values, used when one block holds them all; ``buffer(shape)``: where
+    to write a block's (a reused workspace), else a new tensor."""
+    batch, n_kv, n_k, _ = values.shape
+    blocks = gram_blocks(batch, n_kv, n_k * n_k * values.element_size() if use_gram else 0, budget)
+    for b_sl, kv_sl in blocks:
+        block = values[b_sl, kv_sl]
+        gram = None
+        if use_gram and whole is not None and len(blocks) == 1:
+            gram = whole
+        elif use_gram:
+            out = None if buffer is None else buffer((*block.shape[:2], n_k, n_k))
+            gram = torch.matmul(block, block.transpose(-1, -2), out=out)
+        yield b_sl, kv_sl, block, gram

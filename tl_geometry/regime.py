@@ -33,9 +33,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from . import _engine as engine
+from .backend import on_engine
 from .config import Queries, Ranking
 from .errors import TLGeometryError
-from .query_rows import as_n_tuple, check_inputs, query_rows
+from .query_rows import GRAM_BYTES, as_n_tuple, check_inputs, query_rows
 from .selection import precision_from_outside, squared_value_norms, top_order
 from .sink import value_norms_and_sink_cosines
 
@@ -145,7 +146,7 @@ def value_statistics(values: Float[Tensor, "batch kv key d"], key_mask: Bool[Ten
 
 def _sink_products(values: Tensor) -> Tensor:
     """``⟨v_0, v_j⟩`` in float64 ``[batch, kv, key]``: by the numba kernel on the CPU, else in torch."""
-    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+    if on_engine(values):
         return torch.from_numpy(engine.sink_products(values.detach().contiguous().numpy()))
     wide = values.detach().double()
     return (wide * wide[:, :, :1]).sum(-1)
@@ -154,24 +155,19 @@ def _sink_products(values: Tensor) -> Tensor:
 def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram: Tensor | None):
     """(newest, max, sum of |cos| over ordered non-sink pairs) by the numba kernel; None where it
     does not apply (not a CPU tensor)."""
-    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
+    if not on_engine(values):
         return None
-    from .query_rows import gram_blocks
+    from .query_rows import block_grams
 
     batch, n_kv, n_k, _ = values.shape
     newest = torch.zeros(batch, n_kv, n_k, dtype=values.dtype)
     largest = torch.zeros(batch, n_kv, dtype=values.dtype)
     total = torch.zeros(batch, n_kv, dtype=torch.float64)
     norms, nonsink = norms.contiguous(), nonsink.contiguous()
-    blocks = [(slice(0, batch), slice(0, n_kv))] if gram is not None else \
-        gram_blocks(batch, n_kv, n_k * n_k * values.element_size())
-    for b_sl, kv_sl in blocks:
-        if gram is None:
-            block = values[b_sl, kv_sl]
-            block_gram = (block @ block.transpose(-1, -2)).contiguous()
-        else:
-            block_gram = gram.contiguous()
-        engine.pair_cosine_statistics(block_gram.numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(),
+    # the caller's Gram matrices are of all the values, whatever their size
+    budget = None if gram is None else n_kv * batch * n_k * n_k * values.element_size()
+    for b_sl, kv_sl, _, block_gram in block_grams(values, True, budget or GRAM_BYTES, whole=gram):
+        engine.pair_cosine_statistics(block_gram.contiguous().numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(),
                                       newest[b_sl, kv_sl].numpy(), largest[b_sl, kv_sl].numpy(), total[b_sl, kv_sl].numpy())
     return newest, largest, total.to(values.dtype)
 

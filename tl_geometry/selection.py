@@ -14,6 +14,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from . import _engine as engine
+from .backend import on_engine
 from .errors import TLGeometryError
 
 __all__ = ["top_order", "squared_value_norms", "value_norms64", "selection_scores", "precision_from_outside", "COS_EPS"]
@@ -45,7 +46,7 @@ def top_order(score: Float[Tensor, "... key"], m: int) -> Int[Tensor, "... m"]:
 def squared_value_norms(values: Float[Tensor, "batch kv key d"]) -> Float[Tensor, "batch kv key"]:
     """``‖v‖²`` in float64: the one computation behind every contribution ranking (``α‖v‖``), so
     separability (either backend), the bounds and the sink diagnostics select the same sets."""
-    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+    if on_engine(values):
         return torch.from_numpy(engine.squared_norms(values.detach().contiguous().numpy()))
     return values.detach().double().pow(2).sum(-1)
 
@@ -59,7 +60,7 @@ def value_norms64(values: Float[Tensor, "batch kv key d"],
     sets at near-ties, and a certificate would speak of a set that was not measured. ``squares``:
     the caller's :func:`squared_value_norms` of ``values``, when it has them."""
     squares = squared_value_norms(values) if squares is None else squares
-    if squares.device.type == "cpu":
+    if on_engine(squares):
         return torch.from_numpy(engine.norms_from_squares(squares.numpy()))
     return squares.sqrt()
 

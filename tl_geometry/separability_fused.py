@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from . import _engine as engine
-from .query_rows import MetricFields, SeparabilityJob, check_distribution, gather_rows, gram_blocks
+from .query_rows import MetricFields, SeparabilityJob, block_grams, check_distribution, gather_rows
 
 __all__ = ["separability_fused"]
 
@@ -44,11 +44,13 @@ def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) 
                              torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool))
     checks = engine.RowChecks(*torch.zeros(3, batch, heads, n_sel, dtype=torch.float64))
     key_mask, qpos_c = job.key_mask.contiguous(), qpos.contiguous()
-    for b_sl, kv_sl in gram_blocks(batch, values.shape[1], k_hi * k_hi * values.element_size() if use_gram else 0):
+    whole = gram_cache.get((k_hi, dtype))
+    for b_sl, kv_sl, block, gram in block_grams(values, use_gram, whole=whole):
         h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
-        block = values[b_sl, kv_sl]
-        gram = _gram(block, use_gram, (b_sl.stop - b_sl.start, kv_sl.stop - kv_sl.start) == (batch, values.shape[1]),
-                     gram_cache, (k_hi, dtype))
+        if gram is None:
+            gram = block.new_empty(0, 0, 0, 0)
+        elif block.shape[:2] == values.shape[:2]:  # one block: kept for the next call on these values
+            gram_cache[(k_hi, dtype)] = gram
 
         def cut(x, heads_axis=True, b_sl=b_sl, h_sl=h_sl):
             return x[b_sl, h_sl].numpy() if heads_axis else x[b_sl].numpy()
@@ -56,20 +58,8 @@ def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) 
         engine.separability_rows(
             engine.SeparabilityRows(cut(rows), cut(scores), cut(qpos_c, False), cut(job.query_valid, False),
                                     cut(key_mask, False)),
-            engine.Values(block.numpy(), squares[b_sl, kv_sl], norms64[b_sl, kv_sl], gram.numpy()),
+            engine.Values(block.numpy(), squares[b_sl, kv_sl], norms64[b_sl, kv_sl], gram.contiguous().numpy()),
             rule, engine.Metrics(*(cut(x) for x in metrics)), engine.RowChecks(*(cut(x) for x in checks)))
     check_distribution(checks.total, checks.negatives > 0, checks.visible, job.query_valid, pattern.dtype)
     return MetricFields(**metrics._asdict())
 
-
-def _gram(block: torch.Tensor, use_gram: bool, whole: bool, cache: dict, key) -> torch.Tensor:
-    """The block's Gram matrices ``V Vᵀ`` (an empty stand-in without ``use_gram``); the whole
-    layer's are kept in ``cache`` for the next call on the same values."""
-    if not use_gram:
-        return block.new_empty(0, 0, 0, 0)
-    if whole and key in cache:
-        return cache[key]
-    gram = (block @ block.transpose(-1, -2)).contiguous()
-    if whole:
-        cache[key] = gram
-    return gram
