@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import get_args
 
 import tl_geometry as tlg
 from tl_geometry.corpus import load_corpus, make_windows
@@ -38,9 +39,9 @@ def main() -> None:
     corpus = load_corpus(args.corpus)
     fit = make_windows(model, corpus, args.seq_len, args.windows, seed=0)
     held = held_out_windows(model, corpus, args.seq_len, args.windows, fit)
-    taxonomy = tlg.classify_heads(model, fit.tokens, progress=False)
+    taxonomy = tlg.analyze(model, fit.tokens, progress=False).taxonomy
     importances = {method: tlg.head_importance(model, fit.tokens, method, taxonomy=taxonomy)
-                   for method in tlg.IMPORTANCE_METHODS}
+                   for method in get_args(tlg.ImportanceMethod)}
     curve = tlg.pruning_curve(model, held, importances, progress=False)
     print(f"## {args.model} — {args.corpus}; importance from {fit.tokens.shape[0]} windows, evaluation on "
           f"{held.shape[0]} held-out windows × {args.seq_len} tokens, zero ablation\n")

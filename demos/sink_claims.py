@@ -96,14 +96,14 @@ def main() -> None:
     start = time.perf_counter()
     model = tlg.load_model(args.model)
     windows = make_windows(model, load_corpus(args.corpus), args.seq_len, args.windows, seed=0)
-    res = tlg.analyze_separability(model, windows.tokens, repeats=args.repeats, bootstrap=200)
+    res = tlg.analyze(model, windows.tokens, repeats=args.repeats, bootstrap=200).geometry
     print(f"## {args.model} — {args.corpus}, {windows.tokens.shape[0]} windows × {args.seq_len} tokens, "
           f"last query, N = {list(res.n)} ({time.perf_counter() - start:.0f} s)\n")
     print(report(res))
     # C11 again with the sink excluded from the candidates and N listed out of order (repeats)
     ns = tuple(reversed(res.n)) + (res.n[1],)
-    res_nosink = tlg.analyze_separability(model, windows.tokens, ns, exclude_sink=True, repeats=0, bootstrap=20,
-                                          progress=False)
+    res_nosink = tlg.analyze(model, windows.tokens, ns, exclude_sink=True, repeats=0, bootstrap=20,
+                             progress=False).geometry
     violations, checks = certificate_violations(res_nosink)
     print(f"C11, sink excluded, N = {list(ns)}: bound above measurement in {violations} of {checks} checks.")
     for exclude_sink in (False, True):

@@ -16,7 +16,7 @@ def test_one_pass_equals_separate_passes_and_per_layer_votes(tmp_path):
     model = tiny_model(4, 2)
     tokens = random_tokens(5, 9, seed=2)
     res = tlg.analyze(model, tokens, (1, 2, 4), repeats=2, batch_size=2, progress=False, bootstrap=20)
-    alone = tlg.analyze_separability(model, tokens, (1, 2, 4), repeats=2, batch_size=5, progress=False, bootstrap=20)
+    alone = tlg.analyze(model, tokens, (1, 2, 4), repeats=2, batch_size=5, progress=False, bootstrap=20).geometry
     for key, value in alone.per_sequence.items():
         torch.testing.assert_close(res.geometry.per_sequence[key], value, equal_nan=True, atol=1e-6, rtol=0)
     # Independently: the public kernel on each layer of a cached run, last query of each window.
@@ -25,7 +25,7 @@ def test_one_pass_equals_separate_passes_and_per_layer_votes(tmp_path):
         att = tlg.read_layer(cache, layer)
         sep = tlg.separability(att.pattern, att.kv_values, (1, 2, 4), queries="last")
         torch.testing.assert_close(res.geometry.per_sequence["f_top"][:, layer], sep.f[:, :, 0], atol=1e-6, rtol=0)
-    tax = tlg.classify_heads(model, tokens, batch_size=3, progress=False)
+    tax = tlg.analyze(model, tokens, 1, repeats=0, sink=False, batch_size=3, progress=False, bootstrap=1).taxonomy
     assert torch.equal(tax.votes, res.taxonomy.votes) and torch.equal(tax.offsets, res.taxonomy.offsets)
     _, cache = model.run_with_cache(tokens)
     att = tlg.read_layer(cache, 2)

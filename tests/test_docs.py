@@ -25,6 +25,8 @@ def test_every_public_name_is_in_the_api_reference():
     api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     missing = [name for name in tl_geometry.__all__ if f"### `{name}`" not in api]
     assert not missing, f"document these in docs/api.md: {missing}"
+    listed = re.findall(r"^### `([A-Za-z_]+)`", api, re.M)
+    assert sorted(listed) == sorted(tl_geometry.__all__), "docs/api.md lists names that are not public"
 
 
 def test_local_links_and_paths_in_the_docs_exist():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tl_geometry.adapters import read_layer
-from tl_geometry.analysis import analyze_separability
+from tl_geometry.analysis import analyze
 from tl_geometry.geometry import (
     SINK_HEAD_METRICS,
     SINK_N_METRICS,
@@ -30,7 +30,7 @@ def model():
 
 def test_result_equals_metrics_on_the_cache(model):
     tokens = random_tokens(3, 10, seed=5)
-    res = analyze_separability(model, tokens, NS, queries="all", repeats=2, progress=False)
+    res = analyze(model, tokens, NS, queries="all", repeats=2, progress=False).geometry
     _, cache = model.run_with_cache(tokens)
     for layer in range(model.cfg.n_layers):
         att = read_layer(cache, layer)
@@ -47,10 +47,10 @@ def test_result_equals_metrics_on_the_cache(model):
 
 def test_batching_and_sharding_do_not_change_the_result(model):
     tokens = random_tokens(5, 9, seed=6)
-    whole = analyze_separability(model, tokens, NS, repeats=3, batch_size=5, progress=False)
-    ones = analyze_separability(model, tokens, NS, repeats=3, batch_size=1, progress=False)
-    first = analyze_separability(model, tokens[:2], NS, repeats=3, progress=False, window_ids=torch.tensor([0, 1]))
-    rest = analyze_separability(model, tokens[2:], NS, repeats=3, progress=False, window_ids=torch.tensor([2, 3, 4]))
+    whole = analyze(model, tokens, NS, repeats=3, batch_size=5, progress=False).geometry
+    ones = analyze(model, tokens, NS, repeats=3, batch_size=1, progress=False).geometry
+    first = analyze(model, tokens[:2], NS, repeats=3, progress=False, window_ids=torch.tensor([0, 1])).geometry
+    rest = analyze(model, tokens[2:], NS, repeats=3, progress=False, window_ids=torch.tensor([2, 3, 4])).geometry
     merged = rest.merge(first)  # any order
     for other in (ones, merged):
         assert torch.equal(other.window_ids, whole.window_ids)
@@ -61,13 +61,13 @@ def test_batching_and_sharding_do_not_change_the_result(model):
 
 
 def test_euclidean_n1_top_and_random_are_one(model):
-    res = analyze_separability(model, random_tokens(2, 8), NS, repeats=2, progress=False)
+    res = analyze(model, random_tokens(2, 8), NS, repeats=2, progress=False).geometry
     assert (res.mean("f_top")[..., 0] == 1).all() and (res.mean("f_random")[..., 0] == 1).all()
     assert (res.mean("gap")[..., 0] == 0).all()
 
 
 def test_save_load_roundtrip_and_dataframe(model, tmp_path):
-    res = analyze_separability(model, random_tokens(2, 8), NS, repeats=1, progress=False, bootstrap=50)
+    res = analyze(model, random_tokens(2, 8), NS, repeats=1, progress=False, bootstrap=50).geometry
     path = tmp_path / "geometry.safetensors"
     res.save(path)
     back = GeometryResult.load(path)
@@ -83,7 +83,7 @@ def test_save_load_roundtrip_and_dataframe(model, tmp_path):
 
 def test_sink_values_agree_with_the_layer_functions_and_certify(model):
     tokens = random_tokens(3, 10)
-    res = analyze_separability(model, tokens, NS, repeats=0, progress=False, bootstrap=20)
+    res = analyze(model, tokens, NS, repeats=0, progress=False, bootstrap=20).geometry
     layer = 1
     cache = model.run_with_cache(tokens)[1]
     att = read_layer(cache, layer)
@@ -116,14 +116,14 @@ def test_bootstrap_ci_brackets_the_mean_and_collapses_on_constants():
 
 def test_empty_corpus_is_an_error(model):
     with pytest.raises(ValueError, match="at least one window"):
-        analyze_separability(model, torch.zeros(0, 5, dtype=torch.long), NS, progress=False)
+        analyze(model, torch.zeros(0, 5, dtype=torch.long), NS, progress=False)
 
 
 @pytest.mark.slow
 def test_real_smollm2_separability(smollm2):
     tokens = smollm2.to_tokens(["The history of the city begins with a small fishing village on the river.",
                                 "Photosynthesis converts light energy into chemical energy stored in sugar."])
-    res = analyze_separability(smollm2, tokens[:, :12], (1, 2, 4), repeats=4, progress=False)
+    res = analyze(smollm2, tokens[:, :12], (1, 2, 4), repeats=4, progress=False).geometry
     assert res.mean("f_top").shape == (30, 9, 3)
     assert (res.mean("f_top")[..., 0] == 1).all()
     assert torch.isfinite(res.mean("gap")).all()
@@ -134,11 +134,11 @@ def test_analyze_runs_on_every_model_class(tiny_model):
     tokens = random_tokens(3, 9, seed=8)
     mask = torch.ones(3, 9, dtype=torch.long)
     mask[2, 6:] = 0
-    res = analyze_separability(tiny_model, tokens, NS, attention_mask=mask, queries="all", repeats=2, progress=False)
+    res = analyze(tiny_model, tokens, NS, attention_mask=mask, queries="all", repeats=2, progress=False).geometry
     assert res.mean("f_top").shape == (3, 4, 3)
     assert (res.mean("f_top")[..., 0] == 1).all() and res.settings["model_class"] in ("HookedTransformer", "TransformerBridge")
-    alone = analyze_separability(tiny_model, tokens[2:, :6], NS, queries="all", repeats=2, progress=False,
-                                 window_ids=torch.tensor([2]))
+    alone = analyze(tiny_model, tokens[2:, :6], NS, queries="all", repeats=2, progress=False,
+                                 window_ids=torch.tensor([2])).geometry
     for key, value in alone.per_sequence.items():
         padded = res.per_sequence[key][2:]
         if key == "cosine_by_lag":  # by position: pads are NaN

@@ -1,27 +1,23 @@
 """Geometry of token selection in attention heads, for TransformerLens models.
 
+One door per job: :func:`analyze` measures a model (or a cache) in one streamed pass;
+:func:`separability`, :func:`sink_geometry`, :func:`fit_regime` and :func:`sink_aware_bounds`
+measure tensors you already have; the interventions ablate, prune and scan heads; ``plots``
+draws. docs/api.md lists every name below with one line.
+
 >>> import tl_geometry as tlg
 >>> model = tlg.load_model("smollm2-135m")   # doctest: +SKIP
 """
 
 from . import plots
-from .adapters import (
-    LayerAttention,
-    ModelInfo,
-    align_value_heads,
-    describe_model,
-    names_filter,
-    read_layer,
-    stream_layers,
-)
-from .analysis import Analysis, analyze, analyze_separability, classify_heads, tokenize_texts
+from .adapters import LayerAttention, names_filter, read_layer, stream_layers
+from .analysis import Analysis, analyze, tokenize_texts
+from .backend import Backend
 from .compare import Comparison, compare
-from .config import RunConfig
+from .config import AblationMode, Distance, ImportanceMethod, Queries, Ranking, RunConfig
 from .errors import TLGeometryError
 from .geometry import GeometryResult
 from .interventions import (
-    ABLATION_MODES,
-    IMPORTANCE_METHODS,
     HeadAblation,
     ablate_heads,
     ablate_regime,
@@ -30,24 +26,43 @@ from .interventions import (
     single_head_scan,
     topn_deletion,
 )
-from .metrics import (
-    Separability,
-    inversion_bounds,
-    random_separability,
-    separability,
-    separability_over_rankings,
-)
+from .metrics import Separability, inversion_bounds, random_separability, separability
 from .models import load_model
 from .regime import RegimeFit, SinkAwareBounds, fit_regime, sink_aware_bounds
-from .sink import SinkGeometry, f_by_sink, sink_geometry
-from .taxonomy import REGIMES, HeadTaxonomy, vote_counts, winner_sources
+from .sink import SinkGeometry, sink_geometry
+from .taxonomy import REGIMES, HeadTaxonomy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "plots",
-    "ABLATION_MODES",
-    "IMPORTANCE_METHODS",
+    # running an analysis and its results
+    "analyze",
+    "Analysis",
+    "RunConfig",
+    "GeometryResult",
+    "HeadTaxonomy",
+    "REGIMES",
+    "tokenize_texts",
+    "compare",
+    "Comparison",
+    "load_model",
+    # reading hooks
+    "names_filter",
+    "read_layer",
+    "stream_layers",
+    "LayerAttention",
+    # measuring tensors
+    "separability",
+    "Separability",
+    "random_separability",
+    "inversion_bounds",
+    "sink_geometry",
+    "SinkGeometry",
+    "fit_regime",
+    "RegimeFit",
+    "sink_aware_bounds",
+    "SinkAwareBounds",
+    # interventions
     "HeadAblation",
     "ablate_heads",
     "ablate_regime",
@@ -55,38 +70,14 @@ __all__ = [
     "pruning_curve",
     "single_head_scan",
     "topn_deletion",
-    "Analysis",
-    "RunConfig",
-    "Comparison",
-    "compare",
+    # the modes of every public signature
+    "Queries",
+    "Distance",
+    "Ranking",
+    "Backend",
+    "AblationMode",
+    "ImportanceMethod",
+    # errors and plots
     "TLGeometryError",
-    "analyze",
-    "classify_heads",
-    "tokenize_texts",
-    "REGIMES",
-    "HeadTaxonomy",
-    "vote_counts",
-    "winner_sources",
-    "GeometryResult",
-    "Separability",
-    "analyze_separability",
-    "inversion_bounds",
-    "random_separability",
-    "separability",
-    "separability_over_rankings",
-    "LayerAttention",
-    "ModelInfo",
-    "align_value_heads",
-    "describe_model",
-    "load_model",
-    "read_layer",
-    "names_filter",
-    "stream_layers",
-    "RegimeFit",
-    "SinkAwareBounds",
-    "fit_regime",
-    "sink_aware_bounds",
-    "SinkGeometry",
-    "f_by_sink",
-    "sink_geometry",
+    "plots",
 ]

@@ -40,7 +40,7 @@ from .io import check_sealed, head_name, load_tensors, save_tensors, token_diges
 from .layer_measures import Workspace, measure_layer
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
-__all__ = ["Analysis", "analyze", "analyze_separability", "classify_heads", "tokenize_texts"]
+__all__ = ["Analysis", "analyze", "tokenize_texts"]
 
 
 @dataclass
@@ -341,7 +341,7 @@ def analyze(
     else:
         world_size, all_windows = 1, int(tokens.shape[0])
     geometry = SeparabilityAccumulator(info.n_layers, info.n_heads, config)
-    taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=config.taxonomy_queries)
+    taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1])
 
     workspace = Workspace()
 
@@ -403,41 +403,3 @@ def gather_analysis(analysis: Analysis) -> Analysis:
     merged.settings["world_size"] = size
     return Analysis(merged, HeadTaxonomy(votes, offsets, dict(analysis.taxonomy.settings, world_size=size)))
 
-
-def analyze_separability(
-    model: Any,
-    tokens: Int[Tensor, "seq pos"],
-    n: Sequence[int] | int = (1, 2, 4, 8, 16, 32),
-    **options: Any,
-) -> GeometryResult:
-    """:func:`analyze` without the taxonomy's result: the :class:`GeometryResult` of the run
-    (per-sequence means ``[seq, n_layers, n_heads, len(n)]``). ``options`` are those of :func:`analyze`.
-
-    Example:
-        >>> res = analyze_separability(model, tokens, n=(1, 2, 4, 8))   # doctest: +SKIP
-        >>> res.mean("gap").shape                                        # doctest: +SKIP
-        torch.Size([30, 9, 4])
-    """
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise TLGeometryError(f"tokens must be [seq, pos] with at least one window; got shape {tuple(getattr(tokens, 'shape', ()))}.")
-    return analyze(model, tokens, n, **options).geometry
-
-
-def classify_heads(
-    model: Any,
-    tokens_or_texts: Tensor | Sequence[str] | str,
-    *,
-    attention_mask: Int[Tensor, "seq pos"] | None = None,
-    queries: str = "all",
-    batch_size: int = 8,
-    progress: bool = True,
-) -> HeadTaxonomy:
-    """Head taxonomy alone: one streamed pass accumulating winner-source votes (docs/metrics.md#taxonomy)."""
-    tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
-    if tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise TLGeometryError(f"need at least one window of tokens; got shape {tuple(tokens.shape)}.")
-    info = describe_model(model)
-    taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1], queries=queries)
-    _stream_windows(model, info, tokens, attention_mask, batch_size, progress, lambda layer, att: taxonomy.add_layer(att))
-    return taxonomy.result({"model": info.model_name, "queries": queries, "n_windows": int(tokens.shape[0]),
-                            "seq_len": int(tokens.shape[1])})

@@ -6,7 +6,7 @@ results from shards merge into exactly the result of one run, and bootstrap inte
 sequences are recomputed from them.
 
 Example:
-    >>> res = tlg.analyze_separability(model, tokens, n=(1, 2, 4, 8))   # doctest: +SKIP
+    >>> res = tlg.analyze(model, tokens, n=(1, 2, 4, 8)).geometry       # doctest: +SKIP
     >>> res.mean("gap").shape                                        # doctest: +SKIP
     torch.Size([30, 9, 4])
     >>> res.to_dataframe().head()                                    # doctest: +SKIP

@@ -7,7 +7,7 @@ Losses are next-token NLL in nats over the real (non-pad) predicted tokens, aver
 tokens; ``ΔNLL = (NLL_intervened − NLL) / NLL`` is relative.
 
 Example:
-    >>> tax = tlg.classify_heads(model, tokens)                             # doctest: +SKIP
+    >>> tax = tlg.analyze(model, tokens).taxonomy                           # doctest: +SKIP
     >>> with tlg.ablate_regime(model, tax, "mixer"):                        # doctest: +SKIP
     ...     logits = model(tokens)
     >>> model.run_with_hooks(tokens, fwd_hooks=tlg.ablate_heads(model, [(3, 1)]).fwd_hooks)  # doctest: +SKIP
@@ -34,7 +34,7 @@ from .selection import top_order
 from .taxonomy import HeadTaxonomy
 
 __all__ = [
-    "ABLATION_MODES", "IMPORTANCE_METHODS", "HeadAblation", "ablate_heads", "ablate_regime", "head_importance",
+    "HeadAblation", "ablate_heads", "ablate_regime", "head_importance",
     "mean_nll", "pruning_curve", "single_head_scan", "TopNDeletion", "topn_deletion",
 ]
 
@@ -296,10 +296,12 @@ def head_importance(
         return taxonomy_importance(taxonomy)
     if tokens is None:
         raise TLGeometryError(f"method {method!r} needs tokens.")
-    if method == "taxonomy":
-        from .analysis import classify_heads
+    if method == "taxonomy":  # the taxonomy's pass, with the least geometry beside it
+        from .analysis import analyze
 
-        return taxonomy_importance(classify_heads(model, tokens, attention_mask=attention_mask, progress=False))
+        run = analyze(model, tokens, 1, attention_mask=attention_mask, repeats=0, sink=False, bootstrap=1,
+                      batch_size=batch_size, progress=False)
+        return taxonomy_importance(run.taxonomy)
     if method == "entropy":
         return _entropy(model, info, tokens, attention_mask, batch_size)
     return _gradient(model, info, tokens, attention_mask, batch_size)

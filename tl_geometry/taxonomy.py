@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .config import Queries
 from .errors import TLGeometryError
 from .io import head_name, load_tensors, save_tensors
 from .query_rows import query_rows
@@ -52,7 +53,7 @@ def winner_sources(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
     *,
-    queries: str | Tensor = "all",
+    queries: Queries | Tensor = "all",
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
 ) -> Int[Tensor, "batch head q"]:
@@ -72,7 +73,7 @@ def vote_counts(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
     *,
-    queries: str | Tensor = "all",
+    queries: Queries | Tensor = "all",
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
 ) -> Int[Tensor, "batch head 3"]:
@@ -211,19 +212,12 @@ class HeadTaxonomy:
 class TaxonomyAccumulator:
     """Votes and offset counts of every layer during a streamed forward (counts add over batches)."""
 
-    def __init__(self, n_layers: int, n_heads: int, n_pos: int, *, queries: str | Tensor = "all"):
+    def __init__(self, n_layers: int, n_heads: int, n_pos: int):
         self.votes = torch.zeros(n_layers, n_heads, 3, dtype=torch.long)
         self.offsets = torch.zeros(n_layers, n_heads, n_pos, dtype=torch.long)
-        self.queries = queries
-
-    def add_layer(self, att) -> None:
-        """``att``: a :class:`tl_geometry.adapters.LayerAttention`."""
-        winners, qpos = _winners(att.pattern, att.kv_values, self.queries, att.key_mask, att.query_mask)
-        self.votes[att.layer] += votes_from_winners(winners, qpos).sum(0).cpu()
-        self.offsets[att.layer] += offset_counts(winners, qpos, self.offsets.shape[-1]).sum(0).cpu()
 
     def add_votes(self, layer: int, votes: Int[Tensor, "batch head 3"], offsets: Int[Tensor, "batch head key"]) -> None:
-        """Votes and offset counts of one layer measured elsewhere (e.g. the fused layer pass)."""
+        """Votes and offset counts of one layer's windows (``measure_layer``'s)."""
         self.votes[layer] += votes.sum(0).cpu()
         self.offsets[layer] += offsets.sum(0).cpu()
 
