@@ -127,6 +127,7 @@ def test_has_bos_flags():
     assert att.has_bos.tolist() == [True, False]
 
 
+@pytest.mark.ill_typed
 def test_bad_inputs_raise_clear_errors():
     names = hook_names(0)
     good_pattern, good_v = torch.full((1, 4, 3, 3), 1 / 3), torch.ones(1, 3, 2, 8)
@@ -146,6 +147,7 @@ def test_bad_inputs_raise_clear_errors():
         read_layer({names[0]: good_pattern, names[1]: good_v}, -1)
 
 
+@pytest.mark.ill_typed
 def test_stream_layers_bad_inputs():
     model = tiny_bridge()
     with pytest.raises(ValueError, match="out of range"):

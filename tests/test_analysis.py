@@ -111,6 +111,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
         raise AssertionError("a checkpoint of other settings was accepted")
 
 
+@pytest.mark.ill_typed
 def test_bad_input_to_analyze_is_one_clear_error(tmp_path):
     model = tiny_model(4, 2)  # n_ctx 64
     tokens = random_tokens(2, 9, seed=1)

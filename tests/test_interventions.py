@@ -200,6 +200,7 @@ def test_topn_deletion_beyond_sequence_length_changes_nothing(tiny_model):
     assert renorm.delta_nll[0] != res.delta_nll[0]
 
 
+@pytest.mark.ill_typed
 def test_ablate_regime_and_bad_input(tiny_model):
     votes = torch.zeros(tiny_model.cfg.n_layers, tiny_model.cfg.n_heads, 3, dtype=torch.long)
     votes[..., 2] = 5
@@ -242,6 +243,7 @@ def test_another_models_taxonomy_is_refused(tiny_model):
         ablate_regime(tiny_model, other, "reset")
 
 
+@pytest.mark.ill_typed
 @pytest.mark.parametrize("heads", [[(0.0, 1.5)], [0, 1], [(0, 1, 2)], 5, "L0H1"])
 def test_heads_that_are_not_integer_pairs_are_refused(tiny_model, heads):
     with pytest.raises(tlg.TLGeometryError, match="heads must be"):

@@ -296,6 +296,7 @@ def test_random_repeat_equals_separability_with_that_ranking():
 # ----- bad input ---------------------------------------------------------------------------
 
 
+@pytest.mark.ill_typed
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_inputs_name_the_problem(backend):
     pattern, v, _ = random_attention(1, 2, 1, 4)

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -61,6 +61,15 @@ _VALUE_BIAS_ARCHITECTURES = {
 def hook_names(layer: int) -> tuple[str, str]:
     """TransformerLens names of the pattern and value hooks of ``layer``."""
     return f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"
+
+
+@runtime_checkable
+class HookCache(Protocol):
+    """What the adapters read hooks from: an ``ActivationCache`` or a plain dict keyed by hook name."""
+
+    def __getitem__(self, name: str) -> Tensor: ...
+
+    def keys(self) -> Iterable[str]: ...
 
 
 @dataclass
@@ -355,7 +364,7 @@ def describe_cache(cache: Any) -> ModelInfo:
 
 
 def read_layer(
-    cache: Mapping[str, Tensor],
+    cache: HookCache,
     layer: int,
     *,
     attention_mask: Int[Tensor, "batch pos"] | None = None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -38,6 +39,7 @@ from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
 from .io import check_sealed, head_name, load_tensors, save_tensors, token_digest
 from .layer_measures import Workspace, measure_layer
+from .query_rows import as_n_tuple
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
 __all__ = ["Analysis", "analyze", "tokenize_texts"]
@@ -253,7 +255,7 @@ def _differs(value: Any, default: Any) -> bool:
 
 def analyze(
     model: Any,
-    tokens_or_texts: Tensor | Sequence[str] | str | None = None,
+    tokens_or_texts: Tensor | np.ndarray | Sequence[str] | str | None = None,
     n: Sequence[int] | int = (1, 2, 4, 8, 16, 32),
     *,
     attention_mask: Int[Tensor, "seq pos"] | None = None,
@@ -305,7 +307,7 @@ def analyze(
     settings = dict(n=n, queries=queries, taxonomy_queries=taxonomy_queries, distance=distance, ranking=ranking,
                     exclude_sink=exclude_sink, repeats=repeats, seed=seed, bootstrap=bootstrap, sink=sink)
     if config is None:
-        config = RunConfig(**settings)
+        config = RunConfig(**dict(settings, n=as_n_tuple(n)))
     else:  # one source of settings: a keyword beside config= would otherwise be dropped without a word
         defaults = inspect.signature(analyze).parameters
         given = [name for name, value in settings.items() if _differs(value, defaults[name].default)]

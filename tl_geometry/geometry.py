@@ -136,7 +136,7 @@ class GeometryResult:
         replicates = replicates or int(self.settings.get("bootstrap", 2000))
         return bootstrap_ci(per_sequence, replicates, seed=int(self.settings.get("seed", 0)))
 
-    def ci(self, metric: str = "gap", replicates: int | None = None) -> Float[Tensor, "layer head n 2"]:
+    def ci(self, metric: str = "gap", replicates: int | None = None) -> Float[Tensor, "layer head *n 2"]:
         """95% bootstrap interval over sequences (seeded by the run seed)."""
         return self._bootstrap(self._values(metric), replicates)
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 from torch import Tensor
 
@@ -114,9 +114,9 @@ def check_sealed(folder: str | Path) -> None:
                                   "damaged or changed after the run wrote it): rerun tl-geometry analyze with --overwrite")
 
 
-def head_name(layer: int, head: int) -> str:
+def head_name(layer: SupportsIndex, head: SupportsIndex) -> str:
     """The name of a head in every table and plot: ``L{layer}H{head}``."""
-    return f"L{layer}H{head}"
+    return f"L{int(layer)}H{int(head)}"
 
 
 def token_digest(tokens: Tensor, mask: Tensor | None = None) -> str:

@@ -6,13 +6,13 @@
 F, alignments, certificates), per-row sink statistics, per-kv-head value statistics and the
 taxonomy votes. Backends:
 
-- ``"fused"`` (CPU tensors): the values are prepared once (kv-head layout, float64 squared
-  norms, one Gram matrix per kv head) and one numba pass over the rows computes everything
-  (``layer_kernel``);
+- ``"numba"`` (CPU tensors): the values are prepared once (kv-head layout, float64 squared
+  norms, one Gram matrix per kv head) and the engine's layer pass over the rows computes
+  everything (``_engine.layer``);
 - ``"torch"`` (any device): the public functions ``separability``, ``sink_geometry``,
   ``sink_aware_bounds``, ``fit_regime`` and ``vote_counts`` composed, each on its own.
 
-Both give the same numbers (the fused pass does its scalar arithmetic in float64);
+Both give the same numbers (the engine does its scalar arithmetic in float64);
 ``tests/test_layer_measures.py`` checks it on random inputs and on tiny models of both classes.
 """
 

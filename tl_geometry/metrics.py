@@ -50,7 +50,8 @@ __all__ = [
 
 @dataclass
 class Separability:
-    """Per-query separability of top-N sets. Float fields are ``[batch, head, query, len(n)]``.
+    """Per-query separability of top-N sets. Float fields are ``[batch, head, query, len(n)]``
+    (with a leading ``repeat`` axis in :class:`RandomSeparability`'s ``per_repeat``).
 
     Undefined entries (N ≥ number of candidate sources, pad queries, query 0) are NaN.
 
@@ -64,16 +65,16 @@ class Separability:
     """
 
     n: tuple[int, ...]
-    precision: Float[Tensor, "batch head query n"]
-    recall: Float[Tensor, "batch head query n"]
-    f: Float[Tensor, "batch head query n"]
-    margin: Float[Tensor, "batch head query n"]
-    inversions: Float[Tensor, "batch head query n"]
-    sink_selected: Bool[Tensor, "batch head query n"]
+    precision: Float[Tensor, "*repeat batch head query n"]
+    recall: Float[Tensor, "*repeat batch head query n"]
+    f: Float[Tensor, "*repeat batch head query n"]
+    margin: Float[Tensor, "*repeat batch head query n"]
+    inversions: Float[Tensor, "*repeat batch head query n"]
+    sink_selected: Bool[Tensor, "*repeat batch head query n"]
     query_positions: Int[Tensor, "batch query"]
 
     @property
-    def defined(self) -> Bool[Tensor, "batch head query n"]:
+    def defined(self) -> Bool[Tensor, "*repeat batch head query n"]:
         """Where the metrics are defined (1 ≤ N < number of candidate sources)."""
         return ~torch.isnan(self.precision)
 
