@@ -15,8 +15,11 @@ One command, every ratio from this one run:
    window), time ratios and the fitted exponent of the analysis' extra time.
 4. The paper's protocol (1024-token windows, final query; default N ladder) on SmolLM2, 8 windows:
    analysis against plain forwards of the same windows (before and after it).
+5. Item 1 for SmolLM2 again with one core kept busy by another process
+   (``python -c "while True: pass"``, running through both sides of every ratio).
 
     python -m benchmarks.bench_analysis            # writes benchmarks/results/analysis.json
+    python -m benchmarks.bench_analysis busy       # item 5 alone (printed, not written)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -112,6 +116,25 @@ def model_rows(name: str) -> dict:
     return rows
 
 
+def busy_rows(name: str = "smollm2-135m") -> dict:
+    """Item 1's time ratios of ``name`` with another process spinning on one core throughout."""
+    from benchmarks.common import run_fresh
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        timed = run_fresh("benchmarks.bench_analysis", "time", name)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    return {"seconds": timed["seconds"], "ratios": timed["ratios"], "ratio_range": timed["ratio_range"]}
+
+
+def _print_busy(busy: dict) -> None:
+    print("one core busy, smollm2-135m 8x256: " + ", ".join(
+        f"{variant} {busy['ratios'][variant]:.3f}x (rounds {low:.3f}-{high:.3f})"
+        for variant, (low, high) in busy["ratio_range"].items()))
+
+
 def cli_rows() -> dict:
     """The analysis call of ``tl-geometry analyze`` (its defaults) against plain forwards of its windows."""
     import tl_geometry as tlg
@@ -163,6 +186,9 @@ def _slope(xs, ys) -> float:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["busy"]:
+        _print_busy(busy_rows())
+        return
     if sys.argv[1:]:
         child(sys.argv[1:])
         return
@@ -200,6 +226,8 @@ def main() -> None:
     out["paper"] = paper
     print(f"paper protocol (8 x 1024, last query): analysis {paper['analyze_seconds']:.1f} s vs plain "
           f"{paper['plain_seconds']:.1f} s = {paper['ratio']:.3f}x")
+    out["busy_core"] = busy_rows()
+    _print_busy(out["busy_core"])
     path = Path(__file__).parent / "results" / "analysis.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(out, indent=1))

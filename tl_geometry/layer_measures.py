@@ -79,7 +79,7 @@ class RandomDraws:
 class Workspace:
     """Scratch tensors reused from layer to layer of one run. A fresh tensor of tens of MiB is new
     memory that the kernel must fault in page by page: the paper's 8 × 1024 windows' Gram
-    matrices (100 MB a layer) took 33 ms in a new tensor and 18 ms in a reused one."""
+    matrices (100 MB a layer) fill a reused buffer in about half the time (docs/performance.md)."""
 
     _buffers: dict[str, Tensor] = field(default_factory=dict)
 
@@ -325,7 +325,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
 
     out_dtype = dtype
     # The kernel's columns are the distinct N in increasing order; back to the caller's order
-    # only where it differs (index_select over the last axis costs ~20 times the dtype cast).
+    # only where it differs (an index_select over the last axis costs far more than the cast).
     columns = None if ns == config.n else torch.tensor([ns.index(value) for value in config.n])
 
     def finish(x: Tensor) -> Tensor:
