@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 import tl_geometry as tlg
+import tl_geometry.analysis as analysis_module
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.taxonomy import vote_counts
 
@@ -224,3 +227,17 @@ def test_config_and_keyword_settings_together_are_refused():
         tlg.analyze(model, tokens, (1, 4), queries="all", config=config, progress=False)
     # the defaults beside config are no setting: config alone decides
     assert tlg.analyze(model, tokens, config=config, progress=False).geometry.n == (1, 2)
+
+
+def test_right_padded_tokens_without_a_mask_warn_with_the_fix(monkeypatch):
+    model = tiny_model(4, 2)
+    monkeypatch.setattr(analysis_module, "pad_token_id", lambda model: 7)  # the tiny models have no tokenizer
+    tokens = random_tokens(3, 9, seed=4)
+    tokens[tokens == 7] = 8
+    tokens[1, -3:] = 7  # one row right-padded, as model.to_tokens pads a shorter text
+    with pytest.warns(UserWarning, match=r"1 of 3 windows end in the pad token id 7 .* Pass attention_mask="):
+        tlg.analyze(model, tokens, 1, repeats=0, bootstrap=1, progress=False)
+    mask = (tokens != 7).long()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tlg.analyze(model, tokens, 1, attention_mask=mask, repeats=0, bootstrap=1, progress=False)

@@ -40,6 +40,7 @@ __all__ = [
     "ModelInfo",
     "describe_model",
     "describe_cache",
+    "pad_token_id",
     "names_filter",
     "check_attention_mask",
     "hook_names",
@@ -215,6 +216,12 @@ def describe_model(model: Any) -> ModelInfo:
         bos_token_id=bos,
         n_ctx=int(cfg.n_ctx) if isinstance(getattr(cfg, "n_ctx", None), int) and cfg.n_ctx > 0 else None,
     )
+
+
+def pad_token_id(model: Any) -> int | None:
+    """The model's tokenizer's pad id (None without a tokenizer or a pad token)."""
+    pad = getattr(getattr(model, "tokenizer", None), "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) else None
 
 
 def align_value_heads(

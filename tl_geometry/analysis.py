@@ -30,6 +30,7 @@ from .adapters import (
     describe_model,
     hook_names,
     is_cache,
+    pad_token_id,
     read_layer,
     stream_layers,
 )
@@ -37,6 +38,7 @@ from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
 from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
+from .hooks import foreign_hooks
 from .io import check_sealed, head_name, load_tensors, save_tensors, token_digest
 from .layer_measures import Workspace, measure_layer
 from .query_rows import as_n_tuple
@@ -202,6 +204,30 @@ def _warn_not_measurable(config: RunConfig, tokens: Tensor, attention_mask: Tens
         warnings.warn(f"results will be NaN for {config.not_measurable(longest)[0]}.", stacklevel=3)
 
 
+def _warn_hooks_left(model: Any, allow_hooks: bool) -> None:
+    """Warn when hooks left attached would change what is measured (see ``hooks.foreign_hooks``)."""
+    left = [] if allow_hooks else foreign_hooks(model)
+    if left:
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        warnings.warn(f"the model has hooks attached at {shown}: the geometry measured is that of the hooked "
+                      "model. Remove them with model.reset_hooks(), or pass allow_hooks=True to measure it so.",
+                      stacklevel=3)
+
+
+def _warn_unmasked_padding(tokens: Tensor, attention_mask: Tensor | None, pad: int | None) -> None:
+    """Warn when windows look right-padded (they end in the pad id, in runs or in some rows only)
+    and no attention mask says so: the pads would be measured as real tokens."""
+    if attention_mask is not None or pad is None:
+        return
+    ends = tokens[:, -1] == pad
+    runs = ends & (tokens[:, -2] == pad)
+    if bool(runs.any()) or (bool(ends.any()) and not bool(ends.all())):
+        warnings.warn(f"{int(ends.sum())} of {tokens.shape[0]} windows end in the pad token id {pad} and no "
+                      "attention_mask was given: pads would be measured as real tokens. Pass attention_mask= "
+                      "(1 for real tokens) to tlg.analyze, and to run_with_cache when you analyse its cache.",
+                      stacklevel=3)
+
+
 def _check_batch_size(batch_size: int) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise TLGeometryError(f"batch_size must be an int ≥ 1 (windows per forward pass); got {batch_size!r}.")
@@ -274,6 +300,7 @@ def analyze(
     distributed: bool | None = None,
     progress: bool = True,
     config: RunConfig | None = None,
+    allow_hooks: bool = False,
 ) -> Analysis:
     """Stream ``model`` once over the windows and measure everything (docs/metrics.md), or
     measure a cache you already have.
@@ -299,6 +326,9 @@ def analyze(
             process group and merge (default: whenever one is initialised); every rank returns the
             merged result, identical to one process over all windows.
         progress: a tqdm bar per window batch.
+        allow_hooks: measure a model that has hooks left attached (``model.add_hook``) without the
+            warning; hooks of a context (``model.hooks(...)``, ``run_with_hooks``, tl_geometry's own
+            ablations) are deliberate and never warned about.
 
     Returns:
         :class:`Analysis` with ``geometry`` (``[seq, layer, head, n]`` per-sequence values) and
@@ -326,6 +356,8 @@ def analyze(
                                   "instead of the model).")
         tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
         info = describe_model(model)
+        _warn_hooks_left(model, allow_hooks)
+        _warn_unmasked_padding(tokens, attention_mask, pad_token_id(model))
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
         raise TLGeometryError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
     _check_batch_size(batch_size)

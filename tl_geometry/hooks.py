@@ -15,7 +15,11 @@ from torch import Tensor
 from .adapters import hook_names
 from .errors import TLGeometryError
 
-__all__ = ["z_hook_name", "add_hooks", "remove_hooks", "pattern_override_hooks", "sink_redirect_hooks"]
+__all__ = ["z_hook_name", "add_hooks", "remove_hooks", "foreign_hooks", "pattern_override_hooks", "sink_redirect_hooks"]
+
+# The handles tl_geometry attached and has not removed yet (ids of TransformerLens LensHandles):
+# its own ablation contexts are deliberate, not leftovers.
+_OWN: set[int] = set()
 
 
 def z_hook_name(layer: int) -> str:
@@ -33,6 +37,7 @@ def add_hooks(model: Any, fwd_hooks: Iterable[tuple[str, Callable]]) -> list[tup
         point = model.hook_dict[name]
         point.add_hook(fn)
         handles.append((point, point.fwd_hooks[-1]))  # TransformerLens 2.x/3.x add_hook returns None
+        _OWN.add(id(point.fwd_hooks[-1]))
     return handles
 
 
@@ -40,8 +45,26 @@ def remove_hooks(handles: list[tuple[Any, Any]]) -> None:
     """Remove hooks added by :func:`add_hooks`."""
     for point, handle in handles:
         handle.hook.remove()
+        _OWN.discard(id(handle))
         if handle in point.fwd_hooks:
             point.fwd_hooks.remove(handle)
+
+
+def foreign_hooks(model: Any) -> list[str]:
+    """The hook points that carry hooks left attached outside any context (``model.add_hook``
+    without removal): not TransformerLens's ``model.hooks(...)`` / ``run_with_hooks`` contexts
+    (their hooks carry a context level), not permanent hooks (part of the model as configured),
+    not tl_geometry's own ablations."""
+    names, seen = [], set()
+    for name, point in getattr(model, "hook_dict", {}).items():
+        if id(point) in seen:  # one hook point under several names (the bridge's aliases)
+            continue
+        seen.add(id(point))
+        handles = [*getattr(point, "fwd_hooks", ()), *getattr(point, "bwd_hooks", ())]
+        if any(getattr(h, "context_level", None) is None and not getattr(h, "is_permanent", False)
+               and id(h) not in _OWN for h in handles):
+            names.append(name)
+    return names
 
 
 def pattern_override_hooks(layer: int, fn: Callable[[Tensor], Tensor]) -> list[tuple[str, Callable]]:

@@ -130,7 +130,8 @@ def check_distribution(sums: Tensor, negative: Tensor, visible_mass: Tensor, val
         worst = float((sums - 1).abs().masked_fill(~valid, 0).max())
         raise TLGeometryError(
             f"pattern rows do not sum to 1 (off by up to {worst:.3g}, more than {tolerance:.3g} for {dtype}): "
-            "pass post-softmax hook_pattern of a causal model, and query_mask for pad rows."
+            "pass post-softmax hook_pattern of a causal model, and mark pad rows: attention_mask= to tlg.analyze "
+            "(and to run_with_cache when the cache was padded), query_mask= to the tensor functions."
         )
     if bool((((sums - visible_mass) > tolerance) & valid).any()):
         raise TLGeometryError(
