@@ -241,3 +241,25 @@ def test_right_padded_tokens_without_a_mask_warn_with_the_fix(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tlg.analyze(model, tokens, 1, attention_mask=mask, repeats=0, bootstrap=1, progress=False)
+
+
+def test_a_cache_without_its_batch_axis_is_one_sequence(tiny_model):
+    tokens = random_tokens(1, 9, seed=3)
+    _, batched = tiny_model.run_with_cache(tokens, names_filter=tlg.names_filter)
+    _, single = tiny_model.run_with_cache(tokens, names_filter=tlg.names_filter, remove_batch_dim=True)
+    expected = tlg.analyze(batched, tokens, (1, 2), repeats=1, bootstrap=5, progress=False)
+    for given in (tokens[0], tokens, None):
+        got = tlg.analyze(single, given, (1, 2), repeats=1, bootstrap=5, progress=False)
+        for key, value in expected.geometry.per_sequence.items():
+            torch.testing.assert_close(got.geometry.per_sequence[key], value, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(got.taxonomy.votes, expected.taxonomy.votes)
+    att = tlg.read_layer(single, 1)
+    assert att.pattern.shape[0] == 1 and torch.equal(att.pattern, tlg.read_layer(batched, 1).pattern)
+
+
+@pytest.mark.slow
+def test_string_tokens_are_refused_as_texts(smollm2):
+    with pytest.raises(TLGeometryError, match=r"string tokens \(model\.to_str_tokens output\)"):
+        tlg.analyze(smollm2, smollm2.to_str_tokens("The cat sat on the mat."), progress=False)
+    with pytest.raises(TLGeometryError, match="string tokens"):
+        tlg.analyze(smollm2, [" cat", " sat", " on"], progress=False)

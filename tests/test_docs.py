@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,11 @@ BLOCKS = [(path, i, code) for path in DOCS
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path,index,code", BLOCKS, ids=[f"{p.name}-{i}" for p, i, _ in BLOCKS])
-def test_python_blocks_execute(path, index, code):
-    exec(compile(code, f"{path.name}[{index}]", "exec"), {"__name__": "__docs__"})
+def test_python_blocks_execute(path, index, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # what a block saves lands in a temporary folder
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the documented way is the way without warnings
+        exec(compile(code, f"{path.name}[{index}]", "exec"), {"__name__": "__docs__"})
 
 
 def test_every_public_name_is_in_the_api_reference():

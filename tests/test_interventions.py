@@ -244,7 +244,30 @@ def test_another_models_taxonomy_is_refused(tiny_model):
 
 
 @pytest.mark.ill_typed
-@pytest.mark.parametrize("heads", [[(0.0, 1.5)], [0, 1], [(0, 1, 2)], 5, "L0H1"])
-def test_heads_that_are_not_integer_pairs_are_refused(tiny_model, heads):
-    with pytest.raises(tlg.TLGeometryError, match="heads must be"):
+@pytest.mark.parametrize(("heads", "message"), [
+    ([(0.0, 1.5)], "heads are"), ([(0, 1, 2)], "heads are"), ([1.0], "heads are"), (["L0X1"], "heads are"),
+    (torch.tensor([0.5]), "tensor of shape"), ((0, 1), "ambiguous"), ("L9H0", "out of range"), (99, "out of range"),
+    (torch.zeros(2, 2, dtype=torch.bool), "boolean head mask must be"),
+])
+def test_heads_in_no_convention_are_refused_with_one_line(tiny_model, heads, message):
+    with pytest.raises(tlg.TLGeometryError, match=message):
         ablate_heads(tiny_model, heads)
+
+
+def test_every_head_convention_ablates_the_same_heads(tiny_model):
+    """Pairs, names, flat indices (a list, topk's tensor), index pairs and a boolean mask."""
+    n_layers, n_heads = tiny_model.cfg.n_layers, tiny_model.cfg.n_heads
+    tokens = random_tokens(2, 8)
+    wanted = [(0, 1), (2, n_heads - 1)]
+    mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    mask[0, 1] = mask[2, n_heads - 1] = True
+    scores = torch.zeros(n_layers, n_heads)
+    scores[0, 1], scores[2, n_heads - 1] = 2.0, 1.0
+    conventions = [wanted, ["L0H1", f"L2H{n_heads - 1}"], [1, 2 * n_heads + n_heads - 1],
+                   scores.flatten().topk(2).indices, torch.tensor(wanted), mask, [(0, 1), f"L2H{n_heads - 1}"]]
+    with ablate_heads(tiny_model, wanted):
+        expected = _logits(tiny_model, tokens)
+    for heads in conventions:
+        with ablate_heads(tiny_model, heads) as ablation:
+            assert sorted(ablation.heads) == wanted
+            assert torch.equal(_logits(tiny_model, tokens), expected)

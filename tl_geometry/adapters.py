@@ -40,6 +40,7 @@ __all__ = [
     "ModelInfo",
     "describe_model",
     "describe_cache",
+    "batched_cache",
     "pad_token_id",
     "names_filter",
     "check_attention_mask",
@@ -344,6 +345,34 @@ def _cached_layers(cache: Any) -> list[int]:
     return sorted({int(k.split(".")[1]) for k in keys if names_filter(k) and k.split(".")[1].isdigit()})
 
 
+class _BatchedCache:
+    """A ``remove_batch_dim=True`` cache seen with its one sequence as a batch of one (the
+    pattern and value hooks only; the cache's ``model`` kept)."""
+
+    def __init__(self, cache: Any):
+        self._cache = cache
+        self.model = getattr(cache, "model", None)
+        self._names = [name for name in cache.keys() if name.endswith(("attn.hook_pattern", "attn.hook_v"))]
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._cache[name][None]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+
+def batched_cache(cache: Any) -> Any:
+    """``cache`` with a batch axis: a ``remove_batch_dim=True`` cache (``hook_pattern`` of
+    ``[head, pos, pos]``) as a batch of one sequence; any other cache as it is."""
+    name = hook_names(0)[0]
+    if name in cache and cache[name].ndim == 3:
+        return _BatchedCache(cache)
+    return cache
+
+
 def describe_cache(cache: Any) -> ModelInfo:
     """The :class:`ModelInfo` of the model a cache came from: the model's own when the cache
     knows it (``ActivationCache.model``), else read from the cached shapes. Every layer
@@ -405,6 +434,8 @@ def read_layer(
             "names_filter=tlg.names_filter) for the layers you need."
         )
     pattern, v = cache[names[0]], cache[names[1]]
+    if pattern.ndim == 3 and v.ndim == 3:  # a remove_batch_dim=True cache: one sequence
+        pattern, v = pattern[None], v[None]
     batch = pattern.shape[0]
     has_bos = _bos_flags(tokens, attention_mask, bos_token_id, batch)
     return _build_layer(layer, pattern, v, attention_mask, has_bos)

@@ -25,6 +25,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .adapters import (
+    batched_cache,
     check_attention_mask,
     describe_cache,
     describe_model,
@@ -54,6 +55,9 @@ class Analysis:
 
     geometry: GeometryResult
     taxonomy: HeadTaxonomy
+
+    def __repr__(self) -> str:
+        return f"Analysis(\n  geometry={self.geometry!r},\n  taxonomy={self.taxonomy!r})"
 
     def heads_table(self):
         """One row per head: layer, head, name, regime, vote shares, dominant offset, then F_N
@@ -128,6 +132,9 @@ def tokenize_texts(model: Any, texts: Sequence[str]) -> tuple[Int[Tensor, "seq p
     if tokenizer.bos_token_id is None:
         raise TLGeometryError("the tokenizer has no BOS token; geometry needs the sink at position 0. Pass token ids.")
     ids = [[tokenizer.bos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]] for text in texts]
+    if len(texts) > 1 and (texts[0] == getattr(tokenizer, "bos_token", None) or all(len(row) <= 2 for row in ids)):
+        raise TLGeometryError("these strings look like string tokens (model.to_str_tokens output), one window each: "
+                              "pass the token ids (model.to_tokens(text)) or the texts themselves.")
     length = max(len(row) for row in ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
     tokens = torch.full((len(ids), length), pad, dtype=torch.long)
@@ -263,6 +270,8 @@ def _cache_tokens(cache, tokens_or_texts, attention_mask) -> tuple[Tensor, Tenso
     batch, _, pos, _ = cache[hook_names(0)[0]].shape
     if tokens_or_texts is None:  # unknown ids: every sequence is taken to start with BOS
         tokens_or_texts = torch.zeros(batch, pos, dtype=torch.long)
+    if isinstance(tokens_or_texts, Tensor) and tokens_or_texts.ndim == 1 and batch == 1:  # remove_batch_dim
+        tokens_or_texts = tokens_or_texts[None]
     tokens, attention_mask = _as_tokens(getattr(cache, "model", None), tokens_or_texts, attention_mask)
     if tuple(tokens.shape) != (batch, pos):
         raise TLGeometryError(f"the cache holds {batch} sequences of {pos} positions, but the tokens have shape "
@@ -348,6 +357,7 @@ def analyze(
     if cache is not None:
         if checkpoint is not None:
             raise TLGeometryError("a cache is analysed in one step: checkpoint applies to runs of a model.")
+        cache = batched_cache(cache)
         info = describe_cache(cache)
         tokens, attention_mask = _cache_tokens(cache, tokens_or_texts, attention_mask)
     else:

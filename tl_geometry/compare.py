@@ -56,6 +56,12 @@ class Comparison:
     transitions: Int[Tensor, "3 3"] | None = None
     deltas: dict[str, Float[Tensor, "layer head ..."]] | None = None
 
+    def __repr__(self) -> str:
+        a, b = self.names
+        same = (f"agreement {self.agreement:.1%}, κ={self.kappa:.2f}" if self.head_by_head and self.agreement is not None
+                else self.note)
+        return f"Comparison({a!r} vs {b!r}, N={list(self.n)}: {same})"
+
     def fractions(self):
         """Regime shares of the whole model, side by side: a DataFrame indexed by regime."""
         import pandas as pd

@@ -98,6 +98,12 @@ class GeometryResult:
     window_ids: Int[Tensor, " seq"]
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{key}={self.settings[key]!r}" for key in ("model", "queries", "distance", "ranking")
+                             if key in self.settings)
+        return (f"GeometryResult({self.window_ids.numel()} windows, {self.n_layers} layers × {self.n_heads} heads, "
+                f"N={list(self.n)}, {len(self.per_sequence)} metrics{', ' + settings if settings else ''})")
+
     @property
     def n_layers(self) -> int:
         return next(iter(self.per_sequence.values())).shape[1]

@@ -29,7 +29,7 @@ from .adapters import ModelInfo, attention_weights, describe_model, sequence_nll
 from .config import AblationMode, ImportanceMethod
 from .errors import TLGeometryError
 from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, z_hook_name
-from .io import token_digest
+from .io import parse_heads, token_digest
 from .selection import top_order
 from .taxonomy import HeadTaxonomy
 
@@ -41,6 +41,9 @@ __all__ = [
 ABLATION_MODES = get_args(AblationMode)
 IMPORTANCE_METHODS = get_args(ImportanceMethod)
 Head = tuple[int, int]
+# Heads in TransformerLens's conventions (see io.parse_heads): pairs, "L3H4" names, flat indices,
+# integer or boolean tensors.
+Heads = Iterable[Head | str | int] | Tensor | str | int
 
 
 class HeadAblation:
@@ -66,32 +69,10 @@ class HeadAblation:
         return f"HeadAblation(mode={self.mode!r}, heads={self.heads})"
 
 
-def _as_head(item: Any) -> Head:
-    """A ``(layer, head)`` pair of integers (Python, NumPy or 0-d torch integers); anything else —
-    floats, a bare int, a longer tuple — is refused rather than truncated."""
-    def integer(x: Any) -> int | None:
-        if isinstance(x, bool):
-            return None
-        if isinstance(x, Tensor):
-            return int(x) if x.numel() == 1 and not x.is_floating_point() and x.dtype != torch.bool else None
-        return int(x) if hasattr(x, "__index__") else None
-
-    pair = tuple(item) if isinstance(item, tuple | list | Tensor) and len(item) == 2 else None
-    values = None if pair is None else tuple(integer(x) for x in pair)
-    if values is None or None in values:
-        raise TLGeometryError(f"heads must be (layer, head) pairs of integers, e.g. [(0, 1), (3, 4)]; got {item!r}.")
-    return values  # type: ignore[return-value]
-
-
-def _check_heads(model: Any, heads: Iterable[Head]) -> dict[int, list[int]]:
+def _check_heads(model: Any, heads: Heads) -> dict[int, list[int]]:
     info = describe_model(model)
     by_layer: dict[int, list[int]] = {}
-    if isinstance(heads, str | bytes) or not isinstance(heads, Iterable):
-        raise TLGeometryError(f"heads must be a list of (layer, head) pairs, e.g. [(0, 1), (3, 4)]; got {heads!r}.")
-    for item in heads:
-        layer, head = _as_head(item)
-        if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads):
-            raise TLGeometryError(f"head {(layer, head)} is out of range for {info.n_layers} layers × {info.n_heads} heads.")
+    for layer, head in parse_heads(heads, info.n_layers, info.n_heads):
         by_layer.setdefault(layer, [])
         if head not in by_layer[layer]:
             by_layer[layer].append(head)
@@ -130,13 +111,16 @@ def _reference_means(model, layers: Sequence[int], tokens: Tensor, mask: Tensor 
 
 def ablate_heads(
     model: Any,
-    heads: Iterable[Head],
+    heads: Heads,
     *,
     mode: AblationMode = "zero",
     reference_tokens: Int[Tensor, "batch pos"] | None = None,
     reference_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> HeadAblation:
-    """Ablate query heads ``[(layer, head), ...]`` (individually, also under GQA).
+    """Ablate query heads (individually, also under GQA), given in TransformerLens's conventions:
+    ``[(layer, head), ...]``, ``["L3H4", ...]``, flat indices ``layer·n_heads + head`` (a list, or
+    the integer tensor ``topk`` over a ``[n_layers, n_heads]`` tensor gives), or a boolean
+    ``[n_layers, n_heads]`` mask.
 
     Modes: ``"zero"`` sets the head's ``hook_z`` slice to 0; ``"mean"`` to its mean over the
     non-pad positions of ``reference_tokens``; ``"sink"`` redirects its attention entirely to

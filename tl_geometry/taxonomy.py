@@ -105,6 +105,13 @@ class HeadTaxonomy:
     offsets: Int[Tensor, "layer head offset"] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        layers, heads = self.shape
+        ids = self.label_ids
+        shares = ", ".join(f"{regime} {float((ids == i).double().mean()):.1%}" for i, regime in enumerate(REGIMES))
+        model = self.settings.get("model")
+        return f"HeadTaxonomy({layers} layers × {heads} heads{f' of {model}' if model else ''}: {shares})"
+
     @classmethod
     def from_votes(cls, votes: Tensor, offsets: Tensor | None = None, settings: dict | None = None) -> HeadTaxonomy:
         return cls(votes.long(), None if offsets is None else offsets.long(), dict(settings or {}))
