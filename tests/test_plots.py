@@ -57,6 +57,42 @@ def test_per_n_metric_has_one_button_per_n(res):
         plots.head_map(res, "delta_nll")
 
 
+def _deuteranope(hex_color: str) -> torch.Tensor:
+    """sRGB 0..1 of ``hex_color`` as a deuteranope sees it (Machado et al. 2009, severity 1, in linear RGB)."""
+    srgb = torch.tensor([int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)], dtype=torch.float64)
+    linear = torch.where(srgb <= 0.04045, srgb / 12.92, ((srgb + 0.055) / 1.055) ** 2.4)
+    machado = torch.tensor([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                            [-0.011820, 0.042940, 0.968881]], dtype=torch.float64)
+    seen = (machado @ linear).clamp(0, 1)
+    return torch.where(seen <= 0.0031308, 12.92 * seen, 1.055 * seen ** (1 / 2.4) - 0.055)
+
+
+def test_regime_colours_stay_apart_for_a_deuteranope():
+    seen = [_deuteranope(plots.REGIME_COLORS[r]) for r in REGIMES]
+    gaps = [float((seen[i] - seen[j]).norm()) for i in range(3) for j in range(i + 1, 3)]
+    assert min(gaps) > 0.25, gaps
+    # the old red and green fall together: the check can fail
+    assert float((_deuteranope("#d62728") - _deuteranope("#2ca02c")).norm()) < 0.25
+
+
+def test_any_per_head_tensor_is_mapped_with_its_title_and_signed_values_diverge(res):
+    layers, heads = res.taxonomy.shape
+    scores = torch.linspace(-1, 2, layers * heads).reshape(layers, heads)
+    fig = plots.head_map(res, scores, title="previous-token score")
+    assert fig.layout.title.text == "previous-token score" and fig.data[0].zmid == 0
+    torch.testing.assert_close(as_tensor(fig.data[0].z), scores.double())
+    positive = plots.head_map(res, scores.abs(), title="|score|")
+    assert positive.data[0].zmid is None
+    with pytest.raises(TLGeometryError, match=r"real \[n_layers, n_heads\]"):
+        plots.head_map(res, torch.zeros(layers + 1, heads))
+
+
+def test_bands_carry_no_markers(res):
+    fig = plots.separability_curves(res)
+    bands = [trace for trace in fig.data if trace.fill == "toself"]
+    assert bands and all(trace.mode == "lines" for trace in bands)
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
 @pytest.mark.parametrize(("layers", "heads"), [(30, 9), (18, 4), (32, 32)])

@@ -29,7 +29,9 @@ from .taxonomy import REGIMES, HeadTaxonomy
 __all__ = ["REGIME_COLORS", "safe_text", "visible_token", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
            "pruning_plot", "head_drilldown", "topn_plot", "comparison_figures"]
 
-REGIME_COLORS = {"retriever": "#1f77b4", "mixer": "#d62728", "reset": "#2ca02c"}
+# Okabe–Ito colours: distinguishable with every common colour-vision deficiency (the test checks
+# them under a simulated deuteranopia).
+REGIME_COLORS = {"retriever": "#0072B2", "mixer": "#E69F00", "reset": "#CC79A7"}
 
 
 def safe_text(text: Any) -> str:
@@ -134,18 +136,27 @@ def _per_n_map(values: torch.Tensor, ns: tuple[int, ...], at: int, hovers: list[
     return fig
 
 
-def head_map(res: Analysis, color: str = "regime", n: int | None = None,
-             delta_nll: torch.Tensor | None = None) -> go.Figure:
+def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None = None,
+             delta_nll: torch.Tensor | None = None, *, title: str | None = None) -> go.Figure:
     """Layers × heads heatmap coloured by regime (categorical, with a legend) or by a per-head
-    metric (continuous scale; gaps and differences diverge around 0).
+    metric (continuous scale; signed values diverge around 0).
 
-    ``color``: ``"regime"``, any geometry metric (``"gap"``, ``"f_top"``, ``"norm_ratio"``, …), or
-    ``"delta_nll"`` with ``delta_nll`` given. A metric with an N axis gets one button per N, the
-    figure opening at ``n``. Every cell carries its head name ``L{l}H{h}`` as ``customdata`` so a
-    ``plotly_click`` handler can open its drill-down (the HTML report does).
+    ``color``: ``"regime"``, any geometry metric (``"gap"``, ``"f_top"``, ``"norm_ratio"``, …),
+    ``"delta_nll"`` with ``delta_nll`` given, or your own ``[n_layers, n_heads]`` tensor (e.g. a
+    TransformerLens head-detector score) shown under ``title``. A metric with an N axis gets one
+    button per N, the figure opening at ``n``. Every cell carries its head name ``L{l}H{h}`` as
+    ``customdata`` so a ``plotly_click`` handler can open its drill-down (the HTML report does).
     """
     n_at, n_value = _n_index(res, n)
     ns = res.geometry.n
+    if isinstance(color, torch.Tensor):
+        shape = res.taxonomy.shape
+        if tuple(color.shape) != tuple(shape) or color.dtype == torch.bool or color.is_complex():
+            raise TLGeometryError(f"a tensor to colour the heads by must be real [n_layers, n_heads] = {list(shape)}; "
+                                  f"got {color.dtype} {list(color.shape)}.")
+        values = color.detach().cpu().double()
+        return grid_figure(values, _head_hover(res, n_at, delta_nll), title=title or "per-head values",
+                           colorbar=title or "value", diverging=_signed(values))
     if color == "regime":
         fig = grid_figure(res.taxonomy.label_ids, _head_hover(res, n_at, delta_nll), title="Head regimes",
                           colorbar="regime", categories=list(REGIMES), colors=[REGIME_COLORS[r] for r in REGIMES])
@@ -154,7 +165,7 @@ def head_map(res: Analysis, color: str = "regime", n: int | None = None,
         if delta_nll is None:
             raise TLGeometryError("color='delta_nll' needs the delta_nll tensor (single_head_scan).")
         return grid_figure(delta_nll, _head_hover(res, n_at, delta_nll), title="ΔNLL of removing each head alone",
-                           colorbar="ΔNLL")
+                           colorbar="ΔNLL", diverging=_signed(delta_nll))
     values = res.geometry.mean(color)
     diverging = color == "gap" or color.startswith(("align_", "sink_cosine"))
     if values.ndim == 2:
@@ -163,6 +174,12 @@ def head_map(res: Analysis, color: str = "regime", n: int | None = None,
         raise TLGeometryError(f"{color!r} is not a per-head metric (shape {tuple(values.shape)}).")
     return _per_n_map(values, ns, n_at, [_head_hover(res, i, delta_nll) for i in range(len(ns))],
                       title=f"{color} per head", colorbar=color, diverging=diverging)
+
+
+def _signed(values: torch.Tensor) -> bool:
+    """Values of both signs: drawn on a diverging scale centred on 0."""
+    finite = values[torch.isfinite(values)]
+    return bool((finite < 0).any()) and bool((finite > 0).any())
 
 
 def _model_series(per_sequence: torch.Tensor, heads_mask: torch.Tensor | None = None):
@@ -186,7 +203,7 @@ def separability_curves(res: Analysis) -> go.Figure:
             band = geo._bootstrap(series)  # the run's replicates and seed, as summary.csv
             name = f"all heads, {'top-N' if source == 'top' else 'random'}"
             fig.add_trace(go.Scatter(x=ns + ns[::-1], y=band[:, 1].tolist() + band[:, 0].flip(0).tolist(),
-                                     fill="toself", line={"width": 0}, fillcolor="rgba(100,100,100,0.15)",
+                                     mode="lines", fill="toself", line={"width": 0}, fillcolor="rgba(100,100,100,0.15)",
                                      hoverinfo="skip", showlegend=False, legendgroup=name), row=1, col=col)
             fig.add_trace(go.Scatter(x=ns, y=mean.tolist(), name=name, legendgroup=name, showlegend=col == 1,
                                      line={"color": "black", "dash": dash}), row=1, col=col)
