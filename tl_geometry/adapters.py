@@ -367,8 +367,9 @@ class _BatchedCache:
 def batched_cache(cache: Any) -> Any:
     """``cache`` with a batch axis: a ``remove_batch_dim=True`` cache (``hook_pattern`` of
     ``[head, pos, pos]``) as a batch of one sequence; any other cache as it is."""
-    name = hook_names(0)[0]
-    if name in cache and cache[name].ndim == 3:
+    name = next((key for key in cache.keys() if key.endswith("attn.hook_pattern")), None)
+    value = None if name is None else name.replace("hook_pattern", "hook_v")
+    if name is not None and value in cache and cache[name].ndim == 3 and cache[value].ndim == 3:
         return _BatchedCache(cache)
     return cache
 
@@ -425,6 +426,7 @@ def read_layer(
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         raise TLGeometryError(f"layer must be a non-negative int, got {layer!r}.")
     names = hook_names(layer)
+    cache = batched_cache(cache)
     missing = [name for name in names if name not in cache]
     if missing:
         n_layers = len(_cached_layers(cache))
@@ -434,8 +436,6 @@ def read_layer(
             "names_filter=tlg.names_filter) for the layers you need."
         )
     pattern, v = cache[names[0]], cache[names[1]]
-    if pattern.ndim == 3 and v.ndim == 3:  # a remove_batch_dim=True cache: one sequence
-        pattern, v = pattern[None], v[None]
     batch = pattern.shape[0]
     has_bos = _bos_flags(tokens, attention_mask, bos_token_id, batch)
     return _build_layer(layer, pattern, v, attention_mask, has_bos)

@@ -364,16 +364,16 @@ def block_grams(values: Float[Tensor, "batch kv key d"], use_gram: bool = True, 
                 ) -> Iterator[tuple[slice, slice, Tensor, Tensor | None]]:
     """``(sequences, kv heads, values block, its Gram matrices V Vᵀ)`` over the blocks of
     :func:`gram_blocks` (the Gram matrices None without ``use_gram``). ``whole``: the caller's
-    Gram matrices of all the values, used when one block holds them all; ``buffer(shape)``: where
-    to write a block's (a reused workspace), else a new tensor."""
+    Gram matrices of all the values, one block whatever the budget; ``buffer(shape)``: where to
+    write a block's (a reused workspace), else a new tensor."""
     batch, n_kv, n_k, _ = values.shape
-    blocks = gram_blocks(batch, n_kv, n_k * n_k * values.element_size() if use_gram else 0, budget)
-    for b_sl, kv_sl in blocks:
+    if use_gram and whole is not None:
+        yield slice(0, batch), slice(0, n_kv), values, whole
+        return
+    for b_sl, kv_sl in gram_blocks(batch, n_kv, n_k * n_k * values.element_size() if use_gram else 0, budget):
         block = values[b_sl, kv_sl]
         gram = None
-        if use_gram and whole is not None and len(blocks) == 1:
-            gram = whole
-        elif use_gram:
+        if use_gram:
             out = None if buffer is None else buffer((*block.shape[:2], n_k, n_k))
             gram = torch.matmul(block, block.transpose(-1, -2), out=out)
         yield b_sl, kv_sl, block, gram

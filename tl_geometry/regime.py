@@ -36,7 +36,7 @@ from . import _engine as engine
 from .backend import on_engine
 from .config import Queries, Ranking
 from .errors import TLGeometryError
-from .query_rows import GRAM_BYTES, as_n_tuple, check_inputs, query_rows
+from .query_rows import as_n_tuple, check_inputs, query_rows
 from .selection import precision_from_outside, squared_value_norms, top_order
 from .sink import value_norms_and_sink_cosines
 
@@ -164,9 +164,7 @@ def _pair_statistics_fused(values: Tensor, norms: Tensor, nonsink: Tensor, gram:
     largest = torch.zeros(batch, n_kv, dtype=values.dtype)
     total = torch.zeros(batch, n_kv, dtype=torch.float64)
     norms, nonsink = norms.contiguous(), nonsink.contiguous()
-    # the caller's Gram matrices are of all the values, whatever their size
-    budget = None if gram is None else n_kv * batch * n_k * n_k * values.element_size()
-    for b_sl, kv_sl, _, block_gram in block_grams(values, True, budget or GRAM_BYTES, whole=gram):
+    for b_sl, kv_sl, _, block_gram in block_grams(values, whole=gram):
         engine.pair_cosine_statistics(block_gram.contiguous().numpy(), norms[b_sl, kv_sl].numpy(), nonsink[b_sl].numpy(),
                                       newest[b_sl, kv_sl].numpy(), largest[b_sl, kv_sl].numpy(), total[b_sl, kv_sl].numpy())
     return newest, largest, total.to(values.dtype)
