@@ -192,7 +192,7 @@ def _analyze(args: argparse.Namespace) -> None:
     from .analysis import analyze
     from .config import RunConfig
     from .corpus import load_corpus, make_windows
-    from .distributed import init_from_env, shard_path
+    from .distributed import barrier, init_from_env, shard_path
     from .models import BUNDLED_MODELS, load_model
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
@@ -225,11 +225,13 @@ def _analyze(args: argparse.Namespace) -> None:
         f"({windows.skipped_documents} of the documents read too short)")
     # The inputs are valid: from here one process writes the folder (rank 0 holds its lock).
     with run.writing() if rank == 0 else contextlib.nullcontext():
-        run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)  # again, under the lock
+        if rank == 0:
+            run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)  # again, under the lock
+        # The other ranks write only their checkpoint shards, and only once rank 0 has made the folder its own.
+        barrier()
         own_checkpoint = shard_path(run.checkpoint, rank, world_size)
         if args.resume and not own_checkpoint.is_file():
             say(f"no checkpoint in {run.path}: starting from the first window")
-        run.create()
         if not args.resume and run.drop_stale_checkpoint(rank, world_size):
             say(f"removed the checkpoint of an earlier interrupted run in {run.path} (pass --resume to continue one)")
         started = time.perf_counter()

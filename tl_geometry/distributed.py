@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["world", "init_from_env", "shard_indices", "shard_path", "all_reduce", "all_gather_objects"]
+__all__ = ["world", "init_from_env", "shard_indices", "shard_path", "barrier", "all_reduce", "all_gather_objects"]
 
 
 def world() -> tuple[int, int]:
@@ -53,6 +53,14 @@ def shard_path(path: str | Path, rank: int, world_size: int) -> Path:
     """The file of one rank's own state (``name.rank{r}.ext``), or ``path`` itself in one process."""
     path = Path(path)
     return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (a no-op in one process)."""
+    import torch.distributed as dist
+
+    if world()[1] > 1:
+        dist.barrier()
 
 
 def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
