@@ -3,8 +3,9 @@
     python demos/taxonomy_claims.py --model smollm2-135m --windows 32 > out.md
 
 One streamed ``tlg.analyze`` pass per corpus (taxonomy from every query, geometry from the last
-query), then TransformerLens's ``detect_head`` on a repeated random sequence: the taxonomy's
-labels of the strongest previous-token and induction heads.
+query), and one over repeated random sequences (BOS + R + R); then the regimes of each against
+TransformerLens's head types (``tlg.head_types``: ``detect_head``'s scores on a repeated random
+sequence).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 import tl_geometry as tlg
 from tl_geometry.corpus import load_corpus, make_windows
+from tl_geometry.head_types import HEAD_TYPES, repeated_random_tokens
 
 CORPORA = ("python-reference", "lee-news")
 
@@ -24,23 +26,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def detect_head_comparison(model, analysis: tlg.Analysis, top: int = 3) -> list[str]:
-    """Strongest previous-token and induction heads by detect_head, with the taxonomy's view."""
-    from transformer_lens.head_detector import detect_head
-
-    gen = torch.Generator().manual_seed(0)
-    half = torch.randint(1000, model.cfg.d_vocab - 1000, (40,), generator=gen)
-    text = model.tokenizer.decode(torch.cat([half, half]))
-    lines = ["| detect_head pattern | head | score | regime | shares (current / sink / other) | dominant offset |",
-             "|---|---|---|---|---|---|"]
-    tax = analysis.taxonomy
-    for pattern in ("previous_token_head", "induction_head"):
-        scores = detect_head(model, text, pattern, exclude_bos=False)
-        for flat in scores.flatten().argsort(descending=True)[:top].tolist():
-            layer, head = divmod(flat, scores.shape[1])
-            shares = " / ".join(f"{x:.2f}" for x in tax.shares[layer, head].tolist())
-            lines.append(f"| {pattern} | L{layer}H{head} | {scores[layer, head]:.3f} | {tax.labels[layer, head]} | "
-                         f"{shares} | {int(tax.dominant_offset[layer, head])} |")
+def crosstab_lines(types: tlg.HeadTypes, taxonomy: tlg.HeadTaxonomy) -> list[str]:
+    """The regimes against TransformerLens's head types, as a Markdown table."""
+    table = types.crosstab(taxonomy)
+    lines = ["| regime | " + " | ".join(map(str, table.columns)) + " |", "|---|" + "---|" * len(table.columns)]
+    lines += [f"| {regime} | " + " | ".join(str(int(x)) for x in row) + " |" for regime, row in table.iterrows()]
     return lines
 
 
@@ -78,9 +68,21 @@ def main() -> None:
     for regime in sink.index:
         print(f"| {regime} | " + " | ".join(f"{x:+.3f}" for x in sink.loc[regime].iloc[1:4]) + " | "
               + " | ".join(f"{x:+.3f}" for x in current.loc[regime].iloc[1:4]) + " |")
-    print("\nTransformerLens `detect_head` on 40 random tokens repeated twice, and the taxonomy's labels\n")
-    print("\n".join(detect_head_comparison(model, res)))
-
+    types = tlg.head_types(model)
+    repeated = torch.cat([repeated_random_tokens(model, args.seq_len // 2, seed=seed)[:, :args.seq_len]
+                          for seed in range(args.windows)])
+    runs["repeated random tokens"] = tlg.analyze(model, repeated, repeats=0, bootstrap=200)
+    print(f"\nHead types (`tlg.head_types`: TransformerLens's detect_head scores on BOS + 2 × "
+          f"{types.settings['length']} repeated random tokens; a head is of the type whose score is highest "
+          "and at least half of what a head of that type reaches there):\n")
+    for kind in HEAD_TYPES:
+        scores = getattr(types, kind)
+        top = scores.flatten().argsort(descending=True)[:3].tolist()
+        shown = ", ".join(f"L{i // scores.shape[1]}H{i % scores.shape[1]} {float(scores.flatten()[i]):.2f}" for i in top)
+        print(f"- {kind.replace('_', '-')}: {int((types.labels() == kind).sum())} heads; strongest {shown}")
+    for corpus in (CORPORA[0], "repeated random tokens"):
+        print(f"\nRegimes ({corpus}, votes from every query) against head types\n")
+        print("\n".join(crosstab_lines(types, runs[corpus].taxonomy)))
 
 if __name__ == "__main__":
     main()

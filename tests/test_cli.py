@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tl_geometry.cli import build_parser, main
@@ -198,6 +200,12 @@ def test_analyze_writes_results(capsys, smollm2, tmp_path):
     from tl_geometry import Analysis
 
     assert Analysis.load(out).taxonomy.labels.shape == (30, 9)
+    # TransformerLens's head types once per run, in the table, the manifest, the report and drill-downs
+    assert {"previous_token", "duplicate_token", "induction", "head_type"} <= set(heads.columns)
+    assert heads.set_index("name").loc["L16H0", "head_type"] == "previous_token"  # 0.88 of its attention
+    assert "head_types.safetensors" in json.loads((out / "manifest.json").read_text())["files"]
+    report = (out / "report.html").read_text()
+    assert "Regimes against TransformerLens" in report and "TransformerLens scores" in report
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from .compare import Comparison, compare
 from .config import AblationMode, Distance, ImportanceMethod, Queries, Ranking, RunConfig
 from .errors import TLGeometryError
 from .geometry import GeometryResult
+from .head_types import HeadTypes, head_types
 from .interventions import (
     HeadAblation,
     ablate_heads,
@@ -42,6 +43,8 @@ __all__ = [
     "GeometryResult",
     "HeadTaxonomy",
     "REGIMES",
+    "head_types",
+    "HeadTypes",
     "tokenize_texts",
     "compare",
     "Comparison",

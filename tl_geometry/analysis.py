@@ -15,7 +15,7 @@ import json
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,8 +39,9 @@ from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
 from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
-from .hooks import foreign_hooks
-from .io import check_sealed, head_name, load_tensors, save_tensors, token_digest
+from .head_types import HEAD_TYPES, HEAD_TYPES_FILE, HeadTypes
+from .hooks import warn_hooks_left
+from .io import check_sealed, head_name, load_tensors, parse_head, parse_heads, save_tensors, token_digest
 from .layer_measures import Workspace, measure_layer
 from .query_rows import as_n_tuple
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
@@ -55,24 +56,61 @@ class Analysis:
 
     geometry: GeometryResult
     taxonomy: HeadTaxonomy
+    head_types: HeadTypes | None = None
 
     def __repr__(self) -> str:
-        return f"Analysis(\n  geometry={self.geometry!r},\n  taxonomy={self.taxonomy!r})"
+        types = "" if self.head_types is None else f",\n  head_types={self.head_types!r}"
+        return f"Analysis(\n  geometry={self.geometry!r},\n  taxonomy={self.taxonomy!r}{types})"
 
-    def heads_table(self):
-        """One row per head: layer, head, name, regime, vote shares, dominant offset, then F_N
-        top-N / random / gap per N and, when measured, the sink statistics. A DataFrame."""
+    def with_head_types(self, head_types: HeadTypes) -> Analysis:
+        """This analysis with TransformerLens's head-type scores of the same model attached
+        (``tlg.head_types(model)``): they join :meth:`heads_table`, the saved run and the report."""
+        if not isinstance(head_types, HeadTypes):
+            raise TLGeometryError(f"with_head_types takes tlg.head_types(model), got {type(head_types).__name__}.")
+        if head_types.shape != tuple(self.taxonomy.shape):
+            raise TLGeometryError(f"head types of {head_types.shape[0]}×{head_types.shape[1]} heads do not fit an "
+                                  f"analysis of {self.taxonomy.shape[0]}×{self.taxonomy.shape[1]}: measure both on "
+                                  "one model.")
+        return replace(self, head_types=head_types)
+
+    def head_profile(self, head: Any) -> str:
+        """One line on one head (a pair, ``"L3H4"`` or a flat index): its regime and vote shares,
+        the dominant offset of its winners, and with head types attached their scores."""
+        layer, index = parse_head(head, *self.taxonomy.shape)
+        tax = self.taxonomy
+        shares = " ".join(f"{vote} {float(tax.shares[layer, index, i]):.2f}" for i, vote in enumerate(VOTES))
+        line = f"{head_name(layer, index)}: {tax.labels[layer, index]} (votes: {shares})"
+        if tax.offsets is not None and int(tax.dominant_offset[layer, index]) >= 0:
+            offset = int(tax.dominant_offset[layer, index])
+            line += f"; other winners most often {offset} token{'s' if offset != 1 else ''} back"
+        if self.head_types is not None:
+            scores = ", ".join(f"{kind.replace('_', '-')} {float(getattr(self.head_types, kind)[layer, index]):.2f}"
+                               for kind in HEAD_TYPES)
+            kind = self.head_types.labels()[layer, index]
+            line += f"; TransformerLens scores: {scores} ({'no familiar type' if kind == 'other' else kind.replace('_', '-') + ' head'})"
+        return line
+
+    def heads_table(self, heads: Any = None):
+        """One row per head: layer, head, name, regime, vote shares, dominant offset (with head types
+        attached: the previous-token / duplicate-token / induction scores and the type), then F_N
+        top-N / random / gap per N and, when measured, the sink statistics. A DataFrame; ``heads``
+        keeps those heads only, in their order (pairs, ``"L3H4"`` names, flat indices, a boolean
+        ``[n_layers, n_heads]`` mask: ``io.parse_heads``)."""
         import pandas as pd
 
         geo, tax = self.geometry, self.taxonomy
-        layers, heads = tax.shape
-        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
+        layers, heads_per_layer = tax.shape
+        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads_per_layer))
         table: dict[str, Any] = {"layer": grid[:, 0].numpy(), "head": grid[:, 1].numpy()}
         table["name"] = [head_name(a, b) for a, b in grid.tolist()]
         table["regime"] = tax.labels.reshape(-1)
         for i, vote in enumerate(VOTES):
             table[f"share_{vote}"] = tax.shares[..., i].reshape(-1).double().numpy()
         table["dominant_offset"] = tax.dominant_offset.reshape(-1).numpy()
+        if self.head_types is not None:
+            for kind in HEAD_TYPES:
+                table[kind] = getattr(self.head_types, kind).reshape(-1).double().numpy()
+            table["head_type"] = self.head_types.labels().reshape(-1)
         by_n = ["f_top", "f_random", "gap"]
         if geo.has_sink:
             for metric in ("norm_ratio", "sink_cosine", "sink_mass", "c_spread", "coherence_max", "regime_holds"):
@@ -80,10 +118,13 @@ class Analysis:
             by_n += ["f_nosink", "f_sink_selected", "f_sink_unselected", "align_sink", "align_current",
                      "precision_bound", "recall_bound"]
         for metric in by_n:
-            values = geo.mean(metric).reshape(layers * heads, -1)
+            values = geo.mean(metric).reshape(layers * heads_per_layer, -1)
             for index, n in enumerate(geo.n):
                 table[f"{metric}@{n}"] = values[:, index].double().numpy()
-        return pd.DataFrame(table)
+        frame = pd.DataFrame(table)
+        if heads is None:
+            return frame
+        return frame.iloc[[a * heads_per_layer + b for a, b in parse_heads(heads, layers, heads_per_layer)]]
 
     def regime_means(self, metric: str):
         """Mean of a per-head geometry metric within each regime (e.g. ``"align_sink"`` for C7).
@@ -101,7 +142,8 @@ class Analysis:
 
     def merge(self, other: Analysis) -> Analysis:
         """Results of two disjoint sets of windows (any split, any order) as one run's."""
-        return Analysis(self.geometry.merge(other.geometry), self.taxonomy.merge(other.taxonomy))
+        return Analysis(self.geometry.merge(other.geometry), self.taxonomy.merge(other.taxonomy),
+                        self.head_types if self.head_types is not None else other.head_types)
 
     def save(self, folder: str | Path) -> None:
         """``geometry.safetensors`` and ``taxonomy.safetensors`` in ``folder``."""
@@ -109,6 +151,10 @@ class Analysis:
         folder.mkdir(parents=True, exist_ok=True)
         self.geometry.save(folder / "geometry.safetensors")
         self.taxonomy.save(folder / "taxonomy.safetensors")
+        if self.head_types is not None:
+            self.head_types.save(folder / HEAD_TYPES_FILE)
+        else:  # another analysis' scores must not load beside this one
+            (folder / HEAD_TYPES_FILE).unlink(missing_ok=True)
 
     @classmethod
     def load(cls, folder: str | Path) -> Analysis:
@@ -121,7 +167,10 @@ class Analysis:
             raise TLGeometryError(f"{str(folder)!r} holds results of two analyses: geometry of {heads[0]}×{heads[1]} "
                                   f"heads beside a taxonomy of {taxonomy.shape[0]}×{taxonomy.shape[1]}; rerun "
                                   "tl-geometry analyze into a new folder")
-        return cls(geometry, taxonomy)
+        analysis = cls(geometry, taxonomy)
+        if (folder / HEAD_TYPES_FILE).is_file():
+            analysis = analysis.with_head_types(HeadTypes.load(folder / HEAD_TYPES_FILE))
+        return analysis
 
 
 def tokenize_texts(model: Any, texts: Sequence[str]) -> tuple[Int[Tensor, "seq pos"], Int[Tensor, "seq pos"]]:
@@ -209,16 +258,6 @@ def _warn_not_measurable(config: RunConfig, tokens: Tensor, attention_mask: Tens
                               "N must be fewer than a query's candidate sources; pass smaller n or longer texts.")
     if config.unmeasurable_n(longest):  # the first reason; a skipped baseline (repeats=0) was asked for
         warnings.warn(f"results will be NaN for {config.not_measurable(longest)[0]}.", stacklevel=3)
-
-
-def _warn_hooks_left(model: Any, allow_hooks: bool) -> None:
-    """Warn when hooks left attached would change what is measured (see ``hooks.foreign_hooks``)."""
-    left = [] if allow_hooks else foreign_hooks(model)
-    if left:
-        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
-        warnings.warn(f"the model has hooks attached at {shown}: the geometry measured is that of the hooked "
-                      "model. Remove them with model.reset_hooks(), or pass allow_hooks=True to measure it so.",
-                      stacklevel=3)
 
 
 def _warn_unmasked_padding(tokens: Tensor, attention_mask: Tensor | None, pad: int | None) -> None:
@@ -366,7 +405,7 @@ def analyze(
                                   "instead of the model).")
         tokens, attention_mask = _as_tokens(model, tokens_or_texts, attention_mask)
         info = describe_model(model)
-        _warn_hooks_left(model, allow_hooks)
+        warn_hooks_left(model, allow_hooks)
         _warn_unmasked_padding(tokens, attention_mask, pad_token_id(model))
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
         raise TLGeometryError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")

@@ -87,7 +87,7 @@ def _drilldowns(model, analysis, windows) -> dict[str, str]:
         confidence = tax.shares[..., i].where(chosen, -1.0)
         layer, head = divmod(int(confidence.flatten().argmax()), tax.shape[1])
         fig = head_drilldown(model, text, layer, head, n=n)
-        fig.update_layout(title=f"{regime}: {fig.layout.title.text}")
+        fig.update_layout(title=f"{regime}: {fig.layout.title.text}<br><sup>{analysis.head_profile((layer, head))}</sup>")
         figures[regime] = fig.to_json()
     return figures
 
@@ -193,6 +193,7 @@ def _analyze(args: argparse.Namespace) -> None:
     from .config import RunConfig
     from .corpus import load_corpus, make_windows
     from .distributed import barrier, init_from_env, shard_path
+    from .head_types import head_types
     from .models import BUNDLED_MODELS, load_model
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
@@ -242,6 +243,7 @@ def _analyze(args: argparse.Namespace) -> None:
         if rank > 0:  # rank 0 writes the results and the report
             own_checkpoint.unlink(missing_ok=True)
             return
+        analysis = analysis.with_head_types(head_types(model))  # once per run: one forward of 101 tokens
         result = analysis.geometry
         for settings in (result.settings, analysis.taxonomy.settings):
             settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size,

@@ -6,6 +6,7 @@ The other model-class differences (reading hooks, weights, the loss) stay in ``a
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,7 +16,8 @@ from torch import Tensor
 from .adapters import hook_names
 from .errors import TLGeometryError
 
-__all__ = ["z_hook_name", "add_hooks", "remove_hooks", "foreign_hooks", "pattern_override_hooks", "sink_redirect_hooks"]
+__all__ = ["z_hook_name", "add_hooks", "remove_hooks", "foreign_hooks", "warn_hooks_left", "pattern_override_hooks",
+           "sink_redirect_hooks"]
 
 # The handles tl_geometry attached and has not removed yet (ids of TransformerLens LensHandles):
 # its own ablation contexts are deliberate, not leftovers.
@@ -65,6 +67,16 @@ def foreign_hooks(model: Any) -> list[str]:
                and id(h) not in _OWN for h in handles):
             names.append(name)
     return names
+
+
+def warn_hooks_left(model: Any, allow_hooks: bool, stacklevel: int = 3) -> None:
+    """Warn when hooks left attached (:func:`foreign_hooks`) would change what is measured."""
+    left = [] if allow_hooks else foreign_hooks(model)
+    if left:
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        warnings.warn(f"the model has hooks attached at {shown}: what is measured is the hooked model. Remove "
+                      "them with model.reset_hooks(), or pass allow_hooks=True to measure it so.",
+                      stacklevel=stacklevel + 1)
 
 
 def pattern_override_hooks(layer: int, fn: Callable[[Tensor], Tensor]) -> list[tuple[str, Callable]]:

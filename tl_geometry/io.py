@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 
-__all__ = ["save_tensors", "load_tensors", "atomic_path", "head_name", "parse_heads", "token_digest", "sha256_file", "manifest_files",
+__all__ = ["save_tensors", "load_tensors", "atomic_path", "head_name", "parse_heads", "parse_head", "token_digest", "sha256_file", "manifest_files",
            "check_sealed", "MARKER", "MANIFEST"]
 
 # A run folder's marker (tl-geometry owns the folder) and its manifest (the finished analysis's
@@ -160,6 +160,18 @@ def parse_heads(heads: Any, n_layers: int, n_heads: int) -> list[tuple[int, int]
     if isinstance(heads, bytes) or not isinstance(heads, Iterable):
         raise TLGeometryError(f"{_HEADS_HELP}; got {heads!r}.")
     return [_one_head(item, n_layers, n_heads) for item in heads]
+
+
+def parse_head(head: Any, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """One head as ``(layer, head)``: a pair, an ``"L3H4"`` name or a flat index (or a list or
+    tensor that holds exactly one of them)."""
+    if isinstance(head, tuple) and len(head) == 2:
+        head = [head]  # one pair, not two flat indices: a single head was asked for
+    heads = parse_heads(head, n_layers, n_heads)
+    if len(heads) != 1:
+        raise TLGeometryError(f"one head is asked for here (a (layer, head) pair, 'L3H4' or a flat index); got "
+                              f"{len(heads)}: {head!r}.")
+    return heads[0]
 
 
 def _one_head(item: Any, n_layers: int, n_heads: int) -> tuple[int, int]:

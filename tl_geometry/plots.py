@@ -23,7 +23,8 @@ from plotly.subplots import make_subplots
 from .analysis import Analysis
 from .compare import Comparison
 from .errors import TLGeometryError
-from .io import head_name
+from .head_types import HEAD_TYPES
+from .io import head_name, parse_head
 from .taxonomy import REGIMES, HeadTaxonomy
 
 __all__ = ["REGIME_COLORS", "safe_text", "visible_token", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
@@ -53,6 +54,10 @@ def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> li
     geo, tax = res.geometry, res.taxonomy
     layers, heads = tax.shape
     f_top, f_random = geo.mean("f_top")[..., n_at], geo.mean("f_random")[..., n_at]
+    if geo.has_sink:
+        norm_ratio, sink_cosine = geo.mean("norm_ratio"), geo.mean("sink_cosine")
+    types = res.head_types
+    type_labels = types.labels() if types is not None else None
     rows = []
     for layer in range(layers):
         row = []
@@ -62,8 +67,12 @@ def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> li
                     f"(current {shares[0]:.2f}, sink {shares[1]:.2f}, other {shares[2]:.2f})<br>"
                     f"F_N={geo.n[n_at]}: top-N {f_top[layer, head]:.3f} vs random {f_random[layer, head]:.3f}")
             if geo.has_sink:
-                text += (f"<br>sink norm ratio {geo.mean('norm_ratio')[layer, head]:.2f}, "
-                         f"sink cosine {geo.mean('sink_cosine')[layer, head]:+.3f}")
+                text += (f"<br>sink norm ratio {norm_ratio[layer, head]:.2f}, "
+                         f"sink cosine {sink_cosine[layer, head]:+.3f}")
+            if types is not None:
+                text += (f"<br>previous-token {types.previous_token[layer, head]:.2f}, duplicate "
+                         f"{types.duplicate_token[layer, head]:.2f}, induction {types.induction[layer, head]:.2f}"
+                         f" ({type_labels[layer, head].replace('_', '-')})")
             if importance is not None:
                 text += f"<br>ΔNLL if removed {float(importance[layer, head]):+.4f}"
             row.append(text)
@@ -142,7 +151,8 @@ def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None 
     metric (continuous scale; signed values diverge around 0).
 
     ``color``: ``"regime"``, any geometry metric (``"gap"``, ``"f_top"``, ``"norm_ratio"``, …),
-    ``"delta_nll"`` with ``delta_nll`` given, or your own ``[n_layers, n_heads]`` tensor (e.g. a
+    ``"delta_nll"`` with ``delta_nll`` given, a head type (``"previous_token"``,
+    ``"duplicate_token"``, ``"induction"``) with head types attached, or your own ``[n_layers, n_heads]`` tensor (e.g. a
     TransformerLens head-detector score) shown under ``title``. A metric with an N axis gets one
     button per N, the figure opening at ``n``. Every cell carries its head name ``L{l}H{h}`` as
     ``customdata`` so a ``plotly_click`` handler can open its drill-down (the HTML report does).
@@ -157,6 +167,13 @@ def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None 
         values = color.detach().cpu().double()
         return grid_figure(values, _head_hover(res, n_at, delta_nll), title=title or "per-head values",
                            colorbar=title or "value", diverging=_signed(values))
+    if color in HEAD_TYPES:
+        if res.head_types is None:
+            raise TLGeometryError(f"color={color!r} needs head types: res = res.with_head_types(tlg.head_types(model)).")
+        label = color.replace("_", "-")
+        return grid_figure(getattr(res.head_types, color).double(), _head_hover(res, n_at, delta_nll),
+                           title=title or f"{label} score (TransformerLens detect_head, repeated random tokens)",
+                           colorbar=label)
     if color == "regime":
         fig = grid_figure(res.taxonomy.label_ids, _head_hover(res, n_at, delta_nll), title="Head regimes",
                           colorbar="regime", categories=list(REGIMES), colors=[REGIME_COLORS[r] for r in REGIMES])
@@ -357,8 +374,9 @@ def _off_scale(xy: torch.Tensor) -> int | None:
     return big if float((xy[big] - others.mean(0)).norm()) > 4 * max(spread, 1e-12) else None
 
 
-def head_drilldown(model: Any, text: str, layer: int, head: int, n: int = 4, *, query: int | None = None) -> go.Figure:
-    """One head on one text, at one query (default: the last token). Three panels:
+def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | None = None) -> go.Figure:
+    """One head on one text, at one query (default: the last token). The head as ``layer, head``
+    or in any of TransformerLens's conventions (``(3, 4)``, ``"L3H4"``, a flat index). Three panels:
 
     - each source's attention, the top-N selected in red, the tokens on the axis;
     - the distances ``D_j = ‖y_j − s_N‖`` sorted, selected sources marked, with ``ρ_max`` and
@@ -367,10 +385,12 @@ def head_drilldown(model: Any, text: str, layer: int, head: int, n: int = 4, *, 
     - the contributions ``y_i`` projected to 2-D (PCA) with ``s_N``; a source that dwarfs the
       others (usually the sink) is left off the axis range and marked at its edge.
     """
-    from .adapters import stream_layers
+    from .adapters import describe_model, stream_layers
     from .analysis import tokenize_texts
     from .metrics import separability
 
+    info = describe_model(model)
+    layer, head = parse_head(head if len(head) != 1 else head[0], info.n_layers, info.n_heads)
     tokens, _ = tokenize_texts(model, [text])
     seen = {}
     stream_layers(model, tokens, lambda _layer, att: seen.setdefault("att", att), layers=[layer])

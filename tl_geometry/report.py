@@ -115,6 +115,14 @@ def build_report(
         heads["delta_nll_alone"] = scan.reshape(-1).double().numpy()
     head_rows = {row["name"]: {k: _clean(v) for k, v in row.items()} for row in heads.to_dict(orient="records")}
 
+    types = ""
+    if analysis.head_types is not None:
+        crosstab = analysis.head_types.crosstab(tax).reset_index()
+        crosstab.columns = [str(c) for c in crosstab.columns]
+        types = ("<h2>Regimes against TransformerLens's head types</h2>\n<p>Heads counted by regime and by the "
+                 "type whose detect_head score (on BOS + a repeated random sequence) is at least half of what a "
+                 "head of that type reaches; see docs/metrics.md, \"Familiar head types\".</p>\n"
+                 + _table(crosstab.to_dict(orient="records"), list(crosstab.columns)))
     reasons = geo.not_measurable()
     notes = "" if not reasons else "<h2>Not measurable</h2>\n<ul>" + "".join(
         f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>\n"
@@ -124,6 +132,7 @@ def build_report(
 {_table(setting_rows, ["setting", "value"])}
 {notes}<h2>Claims of the paper and what this run measured</h2>
 {_table(claims, ["id", "paper", "measured", "holds", "rule"])}
+{types}
 <div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
 <script>
 var TLG_HEADS = {script_safe_json(head_rows)};

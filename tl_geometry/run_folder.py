@@ -6,6 +6,7 @@ A run folder holds one analysis and what was derived from it::
     geometry.safetensors          per-window separability, sink and regime results
     taxonomy.safetensors          per-head votes
     heads.csv, summary.csv        tables of the analysis
+    head_types.safetensors        TransformerLens's head-type scores of the model (tlg.head_types)
     drilldown_<regime>.json       head drill-down figures
     checkpoint.safetensors        an interrupted analysis (removed once it has finished)
     pruning.csv, single_head_scan.csv, topn.csv, scan_checkpoint.json   from ``tl-geometry prune``
@@ -44,6 +45,7 @@ import torch
 from torch import Tensor
 
 from .errors import TLGeometryError
+from .head_types import HEAD_TYPES_FILE
 from .io import MANIFEST, MARKER, atomic_path, check_sealed, head_name, manifest_files, sha256_file
 from .taxonomy import REGIMES
 
@@ -267,6 +269,9 @@ class RunFolder:
         self._write_frame("heads.csv", analysis.heads_table())
         self._write_frame("summary.csv", analysis.geometry.summary())
         written = [*RESULT_FILES, *(self.drilldown(regime).name for regime in drilldowns)]
+        if analysis.head_types is not None:
+            analysis.head_types.save(self.path / HEAD_TYPES_FILE)
+            written.append(HEAD_TYPES_FILE)
         for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.scan_checkpoint.name]:
             (self.path / stale).unlink(missing_ok=True)
         for regime, figure in drilldowns.items():
