@@ -241,6 +241,14 @@ def test_right_padded_tokens_without_a_mask_warn_with_the_fix(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tlg.analyze(model, tokens, 1, attention_mask=mask, repeats=0, bootstrap=1, progress=False)
+    # the same batch's cache (an ActivationCache keeps its model, so its pad id is known)
+    _, cache = model.run_with_cache(tokens, names_filter=tlg.names_filter)
+    with pytest.warns(UserWarning, match=r"1 of 3 windows end in the pad token id 7 .* to run_with_cache"):
+        tlg.analyze(cache, tokens, 1, repeats=0, bootstrap=1, progress=False)
+    _, cache = model.run_with_cache(tokens, names_filter=tlg.names_filter, attention_mask=mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tlg.analyze(cache, tokens, 1, attention_mask=mask, repeats=0, bootstrap=1, progress=False)
 
 
 def test_a_cache_without_its_batch_axis_is_one_sequence(tiny_model):

@@ -399,6 +399,8 @@ def analyze(
         cache = batched_cache(cache)
         info = describe_cache(cache)
         tokens, attention_mask = _cache_tokens(cache, tokens_or_texts, attention_mask)
+        if tokens_or_texts is not None:  # a cache keeps its model (ActivationCache.model): its pad id
+            _warn_unmasked_padding(tokens, attention_mask, pad_token_id(getattr(cache, "model", None)))
     else:
         if tokens_or_texts is None:
             raise TLGeometryError("pass the token ids [seq, pos] or texts to analyse (or an ActivationCache "
