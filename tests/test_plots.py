@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import plotly.io
 import pytest
 import torch
@@ -118,6 +119,35 @@ def test_cells_cover_most_of_the_plot_area_in_a_browser(tmp_path, layers, heads)
     assert found, dom.stderr[-1000:]
     ratio, width, height = float(found[1]), int(found[2]), int(found[3])
     assert ratio > 0.9 and width > 300 and height > 200  # cells fill the grid; the grid fills the plot
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+def test_the_rendered_head_map_stays_readable_for_a_deuteranope(tmp_path):
+    """A screenshot of the regime map in a browser: each regime's cells are there in its colour, and
+    after a deuteranopia simulation of the screenshot's pixels the three stay apart."""
+    from PIL import Image
+
+    labels = torch.arange(3).repeat(10, 3)  # every regime, in stripes
+    hover = [[f"L{a}H{b}" for b in range(9)] for a in range(10)]
+    fig = plots.grid_figure(labels, hover, title="map", colorbar="regime", categories=list(REGIMES),
+                            colors=[plots.REGIME_COLORS[r] for r in REGIMES])
+    path = tmp_path / "map.html"
+    path.write_text(plotly.io.to_html(fig, include_plotlyjs=True, full_html=True), encoding="utf-8")
+    shot = tmp_path / "map.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                    "--hide-scrollbars", "--window-size=900,700", f"--screenshot={shot}", path.as_uri()],
+                   capture_output=True, timeout=120)
+    pixels = torch.from_numpy(np.array(Image.open(shot).convert("RGB"))).reshape(-1, 3).double()
+    seen = {}
+    for regime in REGIMES:
+        colour = plots.REGIME_COLORS[regime]
+        target = torch.tensor([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=torch.float64)
+        mine = pixels[(pixels - target).abs().max(-1).values <= 2]
+        assert len(mine) > 0.05 * len(pixels), (regime, len(mine))  # its stripes fill a share of the page
+        seen[regime] = _deuteranope("#" + "".join(f"{int(round(x)):02x}" for x in mine.mean(0).tolist()))
+    gaps = [float((seen[a] - seen[b]).norm()) for i, a in enumerate(REGIMES) for b in REGIMES[i + 1:]]
+    assert min(gaps) > 0.25, gaps
 
 
 def test_whitespace_tokens_are_visible_and_escaped():
