@@ -9,6 +9,13 @@ is measured apart from the machine's drift.
 
     python -m benchmarks.bench_ab 6bdae67                     # SmolLM2 8 × 256, last and all queries
     python -m benchmarks.bench_ab 6bdae67 --model gemma-3-270m --windows 4 --rounds 5
+    python -m benchmarks.bench_ab 6bdae67 --protocol cli --windows 32 --rounds 3     # the CLI's windows
+    python -m benchmarks.bench_ab 6bdae67 --protocol paper --windows 4 --rounds 3    # 1024-token windows
+
+Protocols: ``random`` (random tokens, ``--windows`` × ``--length``, last and all queries), ``cli``
+(``tl-geometry analyze``'s defaults: 256-token windows of python-reference, last query, batches
+of 8), ``paper`` (``--protocol paper``: 1024-token random windows, last query, batches of 8); the
+plain forward runs the same batches.
 """
 
 from __future__ import annotations
@@ -52,36 +59,46 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--protocol", choices=("random", "cli", "paper"), default="random")
     args = parser.parse_args()
 
     import torch
 
     import tl_geometry as new
 
-    from .bench_analysis import _tokens
+    from .bench_analysis import _plain_batches, _tokens
 
     torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, tmp)
         old = importlib.import_module(export_package(args.rev, Path(tmp)))
         model = new.load_model(args.model)
-        tokens = _tokens(model, args.windows, args.length)
-        packages = {"old": old, "new": new}
         variants = {"last": {}, "all": {"queries": "all"}}
+        if args.protocol == "random":
+            tokens = _tokens(model, args.windows, args.length)
+        elif args.protocol == "cli":
+            from tl_geometry.corpus import load_corpus, make_windows
+
+            tokens = make_windows(model, load_corpus("python-reference"), 256, args.windows, 0).tokens
+            variants = {"last": {}}
+        else:
+            tokens = _tokens(model, args.windows, 1024, seed=1)
+            variants = {"last": {}}
+        packages = {"old": old, "new": new}
         for package in packages.values():  # compile and warm up
             for options in variants.values():
-                package.analyze(model, tokens[:1], progress=False, **options)
+                package.analyze(model, tokens[:1, :256], progress=False, **options)
         ratios = {(side, variant): [] for side in packages for variant in variants}
-        plain = [_timed(lambda: model(tokens, return_type=None))]
+        plain = [_timed(lambda: _plain_batches(model, tokens))]
         for round_index in range(args.rounds):
             order = list(packages) if round_index % 2 == 0 else list(reversed(packages))
             for variant, options in variants.items():
                 for side in order:
                     seconds = _timed(lambda side=side, options=options: packages[side].analyze(
                         model, tokens, progress=False, **options))
-                    plain.append(_timed(lambda: model(tokens, return_type=None)))
+                    plain.append(_timed(lambda: _plain_batches(model, tokens)))
                     ratios[(side, variant)].append(seconds / ((plain[-2] + plain[-1]) / 2))
-    print(f"{args.model} {args.windows} × {args.length}, {args.rounds} rounds, plain forward median "
+    print(f"{args.model} {args.protocol} {tuple(tokens.shape)}, {args.rounds} rounds, plain forward median "
           f"{statistics.median(plain):.2f} s; ratio to the plain forward (median, range):")
     for variant in variants:
         old_r, new_r = ratios[("old", variant)], ratios[("new", variant)]
