@@ -1,7 +1,7 @@
 """The certificates where they are tight: at the last ulps of the measured value's switch.
 
-Each family below is a one-parameter input on which Theorem 1 is exact in exact arithmetic (the
-envelope is attained by the pairs that decide the comparison), so the certified and the measured
+Each family below is a one-parameter input on which Theorem 1 or Theorem 2 is exact in exact
+arithmetic (the envelope is attained by the pairs that decide the comparison), so the certified and the measured
 P or R switch at the same real parameter. Rounding decides which side each computation lands on:
 a certificate must give way first. For each family, route and dtype we bisect the parameter to the
 two adjacent floats where the *measured* P or R switches, and check ``P̲ ≤ P`` and ``R̲ ≤ R`` there
@@ -54,6 +54,15 @@ def coherent_triple(x: float) -> tuple[np.ndarray, np.ndarray, int]:
     return _causal(np.array([1 - 0.8 - x, 0.4, 0.4, x])), v, 2
 
 
+def coherent_triple_spread(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """The coherent triple with j's value twice as long (norms 1, 1, 2): Theorem 1's envelope pays
+    c_lo²/c_hi² for the spread, Theorem 2 (unit vectors, weights ω = α‖v‖) is attained as before,
+    with D_j² crossing D_i² near ω_j = 2x = 0.0547."""
+    pattern, v, n = coherent_triple(x)
+    v[3] *= 2.0
+    return pattern, v, n
+
+
 def duplicate_of_the_sink(x: float) -> tuple[np.ndarray, np.ndarray, int]:
     """The sink x·e1 beside the value e1, equal weights, N = 1 (the sink wins the tie): the other
     source sits at D² = (1 − x)²/4 from the selected one, 0 at x = 1, where the measurement's
@@ -67,6 +76,7 @@ def duplicate_of_the_sink(x: float) -> tuple[np.ndarray, np.ndarray, int]:
 FAMILIES = {
     "sink_beside_orthogonal": (sink_beside_orthogonal, 0.01, 0.2, 0.2),
     "coherent_triple": (coherent_triple, 0.01, 0.1, 0.01),
+    "coherent_triple_spread": (coherent_triple_spread, 0.005, 0.05, 0.005),
     "duplicate_of_the_sink": (duplicate_of_the_sink, 0.5, 1.0, 0.5),
 }
 
@@ -178,8 +188,9 @@ def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes,
     certified_around_the_switch(name, ROUTES[route], *dtypes, options)
 
 
+@pytest.mark.parametrize("name", ["coherent_triple", "coherent_triple_spread"])
 @pytest.mark.parametrize("route", ROUTES.keys())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_certificates_hold_at_the_switch_with_the_sink_excluded(route, dtype):
-    # the coherent triple does not involve the sink: without it the theorem is still attained
-    certified_around_the_switch("coherent_triple", ROUTES[route], dtype, dtype, {"exclude_sink": True})
+def test_certificates_hold_at_the_switch_with_the_sink_excluded(name, route, dtype):
+    # the coherent triples do not involve the sink: without it the theorems are still attained
+    certified_around_the_switch(name, ROUTES[route], dtype, dtype, {"exclude_sink": True})

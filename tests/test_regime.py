@@ -194,14 +194,22 @@ def test_inversion_recall_certificate_is_correctly_rounded():
     assert p_low.flatten()[:3].tolist() == [3 / 5, 1.0, 0.3]
 
 
-def test_corollary_1_needs_constant_norms():
-    # orthogonal values with norms (1, 1, 2, 1): P = R = 1, but the certificate gives 0.5 and 0
+def test_corollary_1_needs_constant_norms_and_theorem_2_does_not(monkeypatch):
+    # orthogonal values with norms (1, 1, 2, 1): P = R = 1; Theorem 1 alone certifies 0.5 and 0
+    # (c_lo² and c_hi² enter L_j and U_i), Theorem 2 on the directions certifies what is measured
+    import tl_geometry.regime as regime
+
     v = (torch.eye(4, dtype=torch.float64) * torch.tensor([1.0, 1, 2, 1], dtype=torch.float64))[None, :, None]
     pattern = torch.tensor([[1, 0, 0, 0], [.5, .5, 0, 0], [.4, .3, .3, 0], [.1, .4, .3, .2]], dtype=torch.float64)
     sep = separability(pattern[None, None], v, 2, queries="last")
-    bound = sink_aware_bounds(pattern[None, None], v, 2, queries="last")
     assert (sep.precision.item(), sep.recall.item()) == (1.0, 1.0)
-    assert (bound.precision.item(), bound.recall.item()) == (0.5, 0.0)
+    bound = sink_aware_bounds(pattern[None, None], v, 2, queries="last")
+    assert (bound.precision.item(), bound.recall.item()) == (1.0, 1.0)
+    theorems = dict(regime._THEOREMS)
+    for name, expected in (("theorem_1", (0.5, 0.0)), ("theorem_2", (1.0, 1.0))):
+        monkeypatch.setattr(regime, "_THEOREMS", {name: theorems[name]})
+        bound = sink_aware_bounds(pattern[None, None], v, 2, queries="last")
+        assert (bound.precision.item(), bound.recall.item()) == expected, name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

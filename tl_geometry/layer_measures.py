@@ -37,6 +37,7 @@ from .regime import (
     certificate_table,
     fit_from_statistics,
     sink_aware_bounds,
+    unit_certificate_table,
     unit_roundoff,
     value_statistics,
 )
@@ -164,10 +165,11 @@ def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: T
     cosine_by_lag = per_kv.pop("cosine_by_lag")
     fit = fit_from_statistics(stats)
     per_kv.update({name: getattr(fit, name) for name in FIT_FIELDS}, regime_holds=fit.holds().to(values.dtype))
-    table = None
-    if config.distance == "euclidean":
-        table = certificate_table(stats, values, unit_roundoff(values.dtype, values.device), squares)
-    return per_kv, cosine_by_lag, table
+    tables = None
+    if config.distance == "euclidean":  # Theorem 1's bounds on the values, Theorem 2's on their directions
+        roundoff = unit_roundoff(values.dtype, values.device)
+        tables = [make(stats, values, roundoff, squares) for make in (certificate_table, unit_certificate_table)]
+    return per_kv, cosine_by_lag, tables
 
 
 def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerMeasures:
@@ -265,11 +267,11 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     if use_gram and len(gram_blocks(batch, n_kv, gram_bytes, budget)) == 1:
         whole_gram = torch.matmul(values, values.transpose(-1, -2),
                                   out=workspace.empty("gram", (batch, n_kv, n_k, n_k), values.dtype))
-    g = torch.zeros(len(CERTIFICATE_KEYS), batch, n_kv, n_k, dtype=torch.float64)
+    g = torch.zeros(2, len(CERTIFICATE_KEYS), batch, n_kv, n_k, dtype=torch.float64)
     if config.sink:
-        per_kv, cosine_by_lag, table = _value_measures(values, key_mask, config, whole_gram, value_sq)
-        if table is not None:
-            g = torch.stack([table[key] for key in CERTIFICATE_KEYS]).contiguous()
+        per_kv, cosine_by_lag, tables = _value_measures(values, key_mask, config, whole_gram, value_sq)
+        if tables is not None:
+            g = torch.stack([torch.stack([table[key] for key in CERTIFICATE_KEYS]) for table in tables]).contiguous()
     value_norm64 = value_norms64(values, value_sq) if config.ranking == "contribution" else value_sq
     keys = (np.zeros(batch, dtype=np.uint64) if random is None else random.keys.cpu().numpy().view(np.uint64))
     rule = engine.Rule(np.asarray(ns, dtype=np.int64), 0 if config.ranking == "attention" else 1, config.exclude_sink,
@@ -308,7 +310,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
 
         engine.layer_rows(
             engine.LayerRows(by_head(pattern), by_seq(key_mask), by_seq(query_mask), by_seq(last), by_kv(value_norm),
-                             by_kv(g, 1), keys[b_sl]),
+                             by_kv(g, 2), keys[b_sl]),
             engine.Values(block.numpy(), by_kv(value_sq), by_kv(value_norm64), gram.numpy()),
             rule, plan,
             engine.LayerOutputs(

@@ -42,7 +42,7 @@ from .sink import value_norms_and_sink_cosines
 
 __all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "unit_roundoff",
            "ValueStatistics", "value_statistics", "fit_from_statistics", "envelope_from_statistics",
-           "certificate_table", "CERTIFICATE_KEYS"]
+           "certificate_table", "unit_certificate_table", "CERTIFICATE_KEYS"]
 
 # The rows of certificate_table, in the order the fused kernel reads them: the Gram bounds of
 # Lemma 1 and the two slack scales of Lemma 3.
@@ -272,6 +272,13 @@ def _gamma(m: int, u: float) -> float:
     return m * u / (1 - m * u) if m * u < 1 else math.inf
 
 
+def _mu_plus(stats: ValueStatistics, d_head: int, roundoff: float) -> Float[Tensor, "batch kv key"]:
+    """``μ⁺ = (μ + γ_{d+4})(1 + γ_{2d+8})`` per prefix: a bound on the true largest non-sink ``|cos|``
+    from the computed one ``μ`` (working dtype; docs/theory.md, Lemma 3 step 2)."""
+    mu_hat = stats.newest.double().cummax(-1).values
+    return ((mu_hat + _gamma(d_head + 4, roundoff)) * (1 + _gamma(2 * d_head + 8, roundoff))).clamp(max=1.0)
+
+
 def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
                       squares: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
     """What the certificates of every prefix ``0..t`` of ``values`` need, in float64
@@ -293,8 +300,7 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     diag_lo = torch.where(mask, squares, torch.inf).cummin(-1).values
     diag_lo = torch.where(torch.isinf(diag_lo), 0.0, diag_lo)
     diag_hi = torch.where(mask, squares, 0.0).cummax(-1).values
-    mu_hat = stats.newest.double().cummax(-1).values
-    mu = ((mu_hat + _gamma(d_head + 4, roundoff)) * (1 + _gamma(2 * d_head + 8, roundoff))).clamp(max=1.0)
+    mu = _mu_plus(stats, d_head, roundoff)
     pair_hi = mu * diag_hi
     sink_hi = torch.where(mask, products, -torch.inf).cummax(-1).values
     sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values
@@ -313,9 +319,80 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     }
 
 
+def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
+                           squares: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
+    """The same rows (``CERTIFICATE_KEYS``) for Theorem 2, the rescaled form: Theorem 1 on the unit
+    vectors ``u_k = v_k/‖v_k‖`` with weights ``ω_k = α_k‖v_k‖`` (docs/theory.md). Their Gram bounds:
+    ``diag_lo = diag_hi = sink_sq = 1``; ``pair_hi = −pair_lo = μ⁺`` (as in
+    :func:`certificate_table`); ``sink_hi``/``sink_lo`` the range of ``cos(v_0, v_j)`` from the float64
+    products and norms, widened by ``γ_{2d+8}(2⁻⁵³)``. Slack scales with ``M = 1``: ``slack_w =
+    γ_m(u)·(1 + 4γ_m(2⁻⁵³))``, ``slack_64 = 18·γ_m(2⁻⁵³)`` (Lemma 4). A zero vector has ``ω = 0``
+    and takes no part."""
+    n_keys, d_head = values.shape[2], values.shape[3]
+    mask = stats.nonsink[:, None, :]
+    squares = squared_value_norms(values) if squares is None else squares
+    norms = squares.sqrt()
+    products = _sink_products(values)
+    scale = norms * norms[..., :1]
+    cosines = torch.where(scale > 0, products / torch.where(scale > 0, scale, 1.0), 0.0)
+    widen = _gamma(2 * d_head + 8, 2.0**-53)
+    sink_hi = (torch.where(mask, cosines, -torch.inf).cummax(-1).values + widen).clamp(max=1.0)
+    sink_lo = (torch.where(mask, cosines, torch.inf).cummin(-1).values - widen).clamp(min=-1.0)
+    one = torch.where(mask.cumsum(-1) > 0, 1.0, 0.0).to(torch.float64).expand_as(squares)
+    mu = _mu_plus(stats, d_head, roundoff)
+    m = 2 * (n_keys + d_head) + 16
+    full = torch.ones_like(squares)
+    return {
+        "diag_lo": one, "diag_hi": one, "pair_hi": mu * one, "pair_lo": -mu * one,
+        "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
+        "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
+        "sink_sq": full, "slack_w": _gamma(m, roundoff) * (1 + 4 * _gamma(m, 2.0**-53)) * full,
+        "slack_64": 18 * _gamma(m, 2.0**-53) * full,
+    }
+
+
 def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
     """Bound on ‖Σ w_k v_k‖² for w ≥ 0 from its non-sink ℓ2² ``sum_sq``, ℓ1 ``total`` and sink weight."""
     return diag * sum_sq + pair * (total.square() - sum_sq) + sink_sq * sink_w.square() + 2 * sink_pair * sink_w * total
+
+
+# The certificates' two forms (docs/theory.md): Theorem 1 on the weights α and the values v, and
+# Theorem 2 on ω = α‖v‖ and the directions v/‖v‖ (True); each is valid, the larger is reported.
+_THEOREMS = {"theorem_1": (certificate_table, False), "theorem_2": (unit_certificate_table, True)}
+
+
+def _theorem_counts(g: dict[str, Tensor], alpha: Tensor, selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
+    """Theorem 1's counts for the selected sets ``selected`` from Gram bounds ``g`` and weights
+    ``alpha`` (float64 ``[b, h, q, key]``): unselected sources not certified outside, selected
+    sources certified inside, with Lemma 3's slacks."""
+    is_sink = torch.zeros(alpha.shape[-1], dtype=torch.bool, device=alpha.device)
+    is_sink[0] = True
+    weights = torch.where(selected, alpha, 0.0)
+    sink_w = weights[..., :1]
+    total = weights[..., 1:].sum(-1, keepdim=True)
+    sum_sq = weights[..., 1:].square().sum(-1, keepdim=True)
+    mass = total + sink_w
+    a_max = weights.amax(-1, keepdim=True)
+    own = torch.where(is_sink, 0.0, alpha)
+    # U_i: ‖s − y_i‖² = ‖Σ_{k∈S∖i} y_k‖², with i's own weight removed from its pair type.
+    upper = _quadratic(sum_sq - own.square(), total - own, torch.where(is_sink, 0.0, sink_w),
+                       g["diag_hi"], g["pair_hi"], g["sink_hi"], g["sink_sq"])
+    # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ‖s‖² and ⟨v_j, s⟩ bounded by pair type.
+    s_sq_lo = _quadratic(sum_sq, total, sink_w, g["diag_lo"], g["pair_lo"], g["sink_lo"], g["sink_sq"]).clamp_min(0)
+    inner_hi = torch.where(is_sink, g["sink_hi"] * total, g["pair_hi"] * total + g["sink_hi"] * sink_w)
+    own_diag = torch.where(is_sink, g["sink_sq"], g["diag_lo"])  # lower bound on ‖v_j‖²
+    lower = alpha.square() * own_diag + s_sq_lo - 2 * alpha * inner_hi
+    # Lemma 3: L_j less σ_j (the measurement's rounding of D_j² and of the selected D_i², and
+    # the certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
+    # which proves the measured D_j² positive.
+    own_error = g["slack_w"] * (alpha.square() + 2 * alpha * mass)
+    exact_error = g["slack_64"] * (alpha + mass).square()
+    certified = lower - own_error - g["slack_w"] * mass.square() - exact_error > 0
+    selected_error = g["slack_w"] * (a_max.square() + 2 * a_max * mass)
+    lower = torch.where(certified, lower - own_error - selected_error - exact_error, -torch.inf)
+    u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
+    l_min = torch.where(unselected, lower, torch.inf).amin(-1, keepdim=True)
+    return (unselected & (lower <= u_max)).sum(-1), (selected & (upper < l_min)).sum(-1)
 
 
 def sink_aware_bounds(
@@ -346,53 +423,31 @@ def sink_aware_bounds(
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
     batch, heads, n_sel, n_k = rows.alpha.shape
     stats = value_statistics(rows.values, rows.key_mask)
-    table = certificate_table(stats, rows.values, unit_roundoff(rows.values.dtype, pattern.device), rows.squares)
+    roundoff = unit_roundoff(rows.values.dtype, pattern.device)
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
-    g = {k: rows.per_head(x.gather(2, index))[..., None] for k, x in table.items()}  # [b, h, q, 1], float64
-
-    candidates = rows.candidates(exclude_sink)[:, None]  # [b, 1, q, key]
+    forms = []  # (Gram bounds [b, h, q, 1] in float64, weights): Theorem 1 on α and v, Theorem 2 on ω and u
     alpha = rows.alpha.to(torch.float64, copy=True)  # the certificate's arithmetic: float64 in every run (Lemma 3)
     if exclude_sink:  # the sink takes no part: no weight in s_N, not an unselected source
         alpha[..., 0] = 0.0
-    is_sink = torch.zeros(n_k, dtype=torch.bool, device=pattern.device)
-    is_sink[0] = True
+    omega = alpha * rows.per_head(rows.squares.sqrt())[:, :, None, :]
+    for make, on_directions in _THEOREMS.values():
+        table = make(stats, rows.values, roundoff, rows.squares)
+        forms.append(({k: rows.per_head(x.gather(2, index))[..., None] for k, x in table.items()},
+                      omega if on_directions else alpha))
+
+    candidates = rows.candidates(exclude_sink)[:, None]  # [b, 1, q, key]
     distinct = tuple(sorted(set(ns)))  # nested sets grow over increasing N
     order = top_order(rows.selection_scores(ranking, exclude_sink), min(distinct[-1], n_k))
     n_candidates = candidates.sum(-1)
-    weights = torch.zeros_like(alpha)
     nan = torch.tensor(torch.nan, dtype=rows.alpha.dtype, device=alpha.device)
-    own_diag = torch.where(is_sink, g["sink_sq"], g["diag_lo"])  # lower bound on ‖v_j‖²
-    own = torch.where(is_sink, 0.0, alpha)
     precision, recall = {}, {}
     for n_value in distinct:
         top = order[..., :n_value]
-        weights.scatter_(-1, top, alpha.gather(-1, top))
         selected = torch.zeros(alpha.shape, dtype=torch.bool, device=alpha.device).scatter_(-1, top, True)
-        sink_w = weights[..., :1]
-        total = weights[..., 1:].sum(-1, keepdim=True)
-        sum_sq = weights[..., 1:].square().sum(-1, keepdim=True)
-        mass = total + sink_w
-        a_max = weights.amax(-1, keepdim=True)
-        # U_i: ‖s − y_i‖² = ‖Σ_{k∈S∖i} y_k‖², with i's own weight removed from its pair type.
-        upper = _quadratic(sum_sq - own.square(), total - own, torch.where(is_sink, 0.0, sink_w),
-                           g["diag_hi"], g["pair_hi"], g["sink_hi"], g["sink_sq"])
-        # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ‖s‖² and ⟨v_j, s⟩ bounded by pair type.
-        s_sq_lo = _quadratic(sum_sq, total, sink_w, g["diag_lo"], g["pair_lo"], g["sink_lo"], g["sink_sq"]).clamp_min(0)
-        inner_hi = torch.where(is_sink, g["sink_hi"] * total, g["pair_hi"] * total + g["sink_hi"] * sink_w)
-        lower = alpha.square() * own_diag + s_sq_lo - 2 * alpha * inner_hi
-        # Lemma 3: L_j less σ_j (the measurement's rounding of D_j² and of the selected D_i², and
-        # the certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
-        # which proves the measured D_j² positive.
-        own_error = g["slack_w"] * (alpha.square() + 2 * alpha * mass)
-        exact_error = g["slack_64"] * (alpha + mass).square()
-        certified = lower - own_error - g["slack_w"] * mass.square() - exact_error > 0
-        selected_error = g["slack_w"] * (a_max.square() + 2 * a_max * mass)
-        lower = torch.where(certified, lower - own_error - selected_error - exact_error, -torch.inf)
-        unselected = candidates & ~selected
-        u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
-        l_min = torch.where(unselected, lower, torch.inf).amin(-1, keepdim=True)
-        outside = (unselected & (lower <= u_max)).sum(-1)
-        inside = (selected & (upper < l_min)).sum(-1)
+        # each form is a valid bound: the larger P̲ (fewer counted outside) and R̲ are reported
+        counts = [_theorem_counts(g, weights, selected, candidates & ~selected) for g, weights in forms]
+        outside = torch.stack([c[0] for c in counts]).amin(0)
+        inside = torch.stack([c[1] for c in counts]).amax(0)
         defined = n_candidates > n_value
         # P as separability computes it, to the last bit
         precision[n_value] = torch.where(defined, precision_from_outside(n_value, outside.to(nan.dtype)), nan)

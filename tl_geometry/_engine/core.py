@@ -23,7 +23,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-__all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "write_metrics", "weighted_sizes"]
+__all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "unit_weights", "write_metrics",
+           "weighted_sizes"]
 
 _NO_RC = {"cache": True, "nogil": True, "_nrt": False}
 # A call passes every array of its bundles field by field (a dozen words each): the per-N steps
@@ -40,7 +41,8 @@ class Scratch(NamedTuple):
     the candidates); ``excluded`` (0 on unselected candidates, +inf elsewhere); ``y_size``
     (‖y_k‖² Euclidean, ‖y_k‖ cosine); ``proj`` (⟨v_k, s_N⟩); ``dist``, ``near`` (distances, and
     those within ρ_max); ``lanes`` (8, a minimum's running minima); ``agg`` (``d``: s_N in direct
-    mode); ``u_val`` (the selected D_i, then U_i); ``top_idx``, ``top_score`` (the ranking's best)."""
+    mode); ``u_val`` (the selected D_i, then U_i); ``top_idx``, ``top_score`` (the ranking's best);
+    ``omega`` (``α_k‖v_k‖``, Theorem 2's weights)."""
 
     alpha: np.ndarray
     excluded: np.ndarray
@@ -53,13 +55,14 @@ class Scratch(NamedTuple):
     u_val: np.ndarray
     top_idx: np.ndarray
     top_score: np.ndarray
+    omega: np.ndarray
 
 
 @njit(cache=True, nogil=True)
 def scratch(n_k, d, m):
     """Fresh :class:`Scratch` for rows of ``n_k`` keys, ``d``-dimensional values and best-``m`` lists."""
     return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k),
-                   np.zeros(8), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m))
+                   np.zeros(8), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k))
 
 
 class Step(NamedTuple):
@@ -346,20 +349,30 @@ def _selected_weights(alpha, order, n):
 
 
 @njit(**_INLINE)
-def certify(cert, at, s, order, n):
-    """Theorem 1's certificates (P, R lower bounds) of the top-N set ``order[:n]`` from the Gram
-    bounds ``cert[:, b, kv, t]`` (``regime.CERTIFICATE_KEYS``). Overwrites ``s.u_val`` (with
-    ``U_i = Q⁺(w^S − α_i e_i)``) and ``s.dist`` (with the certified ``L_j``)."""
+def unit_weights(values, at, s):
+    """``s.omega[k] = α_k‖v_k‖`` for keys ``0..t``: Theorem 2's weights on the unit vectors."""
     b, _, kv, t, _, _ = at
-    diag_lo, diag_hi, pair_hi, pair_lo = cert[0, b, kv, t], cert[1, b, kv, t], cert[2, b, kv, t], cert[3, b, kv, t]
-    sink_hi, sink_lo, sink_sq = cert[4, b, kv, t], cert[5, b, kv, t], cert[6, b, kv, t]
-    slack_w, slack_64 = cert[7, b, kv, t], cert[8, b, kv, t]
-    w0, total, sum_sq, a_max = _selected_weights(s.alpha, order, n)
+    for k in range(t + 1):
+        s.omega[k] = s.alpha[k] * math.sqrt(values.squares[b, kv, k])
+
+
+@njit(**_INLINE)
+def certify(cert, form, weights, at, s, order, n):
+    """The certificates (P, R lower bounds) of the top-N set ``order[:n]``: Theorem 1 from the
+    Gram bounds ``cert[form, :, b, kv, t]`` (``regime.CERTIFICATE_KEYS``; form 0 on α and v, form
+    1 Theorem 2 on ω and the unit vectors) and the ``weights`` of that form. Overwrites ``s.u_val``
+    (with ``U_i = Q⁺(w^S − α_i e_i)``) and ``s.dist`` (with the certified ``L_j``)."""
+    b, _, kv, t, _, _ = at
+    g = cert[form]
+    diag_lo, diag_hi, pair_hi, pair_lo = g[0, b, kv, t], g[1, b, kv, t], g[2, b, kv, t], g[3, b, kv, t]
+    sink_hi, sink_lo, sink_sq = g[4, b, kv, t], g[5, b, kv, t], g[6, b, kv, t]
+    slack_w, slack_64 = g[7, b, kv, t], g[8, b, kv, t]
+    w0, total, sum_sq, a_max = _selected_weights(weights, order, n)
     mass = total + w0
     u_max = -math.inf
     for rank in range(n):
         i = order[rank]
-        own = 0.0 if i == 0 else s.alpha[i]
+        own = 0.0 if i == 0 else weights[i]
         s_w = 0.0 if i == 0 else w0
         q_sq = sum_sq - own * own
         q_tot = total - own
@@ -372,12 +385,12 @@ def certify(cert, at, s, order, n):
     inner = pair_hi * total + sink_hi * w0
     outside = 0  # +inf (excluded) drops selected and non-candidates from the count and minimum
     for k in range(1, t + 1):
-        a = s.alpha[k]
+        a = weights[k]
         value = _certified_lower(a * a * diag_lo + s_sq_lo - 2 * a * inner, a, mass, slack_w, slack_64,
                                  selected_error) + s.excluded[k]
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
-    a = s.alpha[0]
+    a = weights[0]
     if s.excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
         s.dist[0] = _certified_lower(a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total), a, mass, slack_w,
                                      slack_64, selected_error)

@@ -54,9 +54,9 @@ def _checks_and_votes(rows, values, plan, at, ls, out):
     returns whether it is a real query."""
     b, h, kv, t, _, _ = at
     checks = out.checks
-    total, negatives, visible = scan_row(rows.pattern, at, rows.key_mask, t + 1)
+    total, negatives, visible = scan_row(rows.pattern, at, rows.key_mask, t + 1, rows.norms, ls.scores)
     checks.total[b, h, t], checks.negatives[b, h, t], checks.visible[b, h, t] = total, negatives, visible
-    best = first_maximum(rows.pattern, at, rows.key_mask, rows.norms, ls.scores, ls.bits)
+    best = first_maximum(ls.scores, ls.bits, t + 1)
     if not rows.query_mask[b, t]:
         return False
     if (not math.isfinite(total) or negatives > 0 or abs(total - 1) > plan.tolerance
@@ -119,8 +119,11 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out):
                                                            + core.COS_EPS)
             out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
                                                               + core.COS_EPS)
-        if plan.want_bounds:
-            out.certificates.precision[b, h, q, j], out.certificates.recall[b, h, q, j] = core.certify(rows.certificates, at, s, s.top_idx, n)
+        if plan.want_bounds:  # both theorems bound the same measurement: the larger bound holds
+            p_gram, r_gram = core.certify(rows.certificates, 0, s.alpha, at, s, s.top_idx, n)
+            p_unit, r_unit = core.certify(rows.certificates, 1, s.omega, at, s, s.top_idx, n)
+            out.certificates.precision[b, h, q, j] = max(p_gram, p_unit)
+            out.certificates.recall[b, h, q, j] = max(r_gram, r_unit)
 
 
 @njit(**_NO_RC)
@@ -203,6 +206,8 @@ def _measure(rows, values, rule, plan, at, ls, out):
     sink_candidate = not rule.exclude_sink and rows.key_mask[at[0], 0]
     nosink_in_top = plan.want_sink and sink_candidate and not 0 <= listed < max_n
     core.weighted_sizes(values, rule, at, s)  # shared by every variant of the row
+    if plan.want_bounds:
+        core.unit_weights(values, at, s)
     _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out)
     _unselect(s, s.top_idx, min(filled, max_n))
     if plan.want_sink and not sink_candidate:  # NOSINK is TOP

@@ -39,19 +39,26 @@ def insert_top(top_idx, top_score, filled, m, k, score):
 
 
 @njit(fastmath=_SUMS, **_NO_RC)
-def scan_row(rows, at, key_mask, n_keys):
+def scan_row(rows, at, key_mask, n_keys, norms, scores):
     """Over keys ``0..n_keys-1`` of the row: its sum (float64; NaN and inf propagate), its
-    number of negative entries and its mass on the visible keys (``0..t``, real)."""
-    b, h, _, t, row, _ = at
+    number of negative entries and its mass on the visible keys (``0..t``, real). Where
+    ``scores`` is not empty, in the same pass, the winner scores ``α_k‖v_k‖`` of keys ``0..t``
+    (the pattern's dtype; ``norms[b, kv]``; -1 off the visible keys) for :func:`first_maximum`:
+    the row is read once."""
+    b, h, kv, t, row, _ = at
     total = 0.0
     visible = 0.0
     negatives = 0
     n_visible = min(t + 1, n_keys)
+    want_scores = scores.shape[0] > 0
     for k in range(n_visible):
-        a = float(rows[b, h, row, k])
-        total += a
-        visible += a if key_mask[b, k] else 0.0
-        negatives += 1 if a < 0 else 0
+        a = rows[b, h, row, k]
+        fa = float(a)
+        total += fa
+        visible += fa if key_mask[b, k] else 0.0
+        negatives += 1 if fa < 0 else 0
+        if want_scores:
+            scores[k] = a * norms[b, kv, k] if key_mask[b, k] else -1.0
     for k in range(n_visible, n_keys):
         a = float(rows[b, h, row, k])
         total += a
@@ -90,15 +97,11 @@ def select(rows, scores, at, key_mask, norms64, rule, m, s):
 
 
 @njit(**_NO_RC)
-def first_maximum(rows, at, key_mask, norms, scores, bits):
-    """The winner ``argmax α_k‖v_k‖`` over the visible keys ``0..t`` (in the pattern's dtype, ties
-    to the lower position; -1 when none). ``bits`` is ``scores`` viewed as same-width integers:
-    scores ≥ 0 (-0 made +0) order as their bit patterns do, so the maximum and the search are
-    integer loops that LLVM vectorises (a float maximum is a serial chain it does not)."""
-    b, h, kv, t, row, _ = at
-    n = t + 1
-    for k in range(n):
-        scores[k] = rows[b, h, row, k] * norms[b, kv, k] if key_mask[b, k] else -1.0
+def first_maximum(scores, bits, n):
+    """The winner: the first position of the largest of ``scores[:n]`` (from :func:`scan_row`;
+    -1 when none is ≥ 0). ``bits`` is ``scores`` viewed as same-width integers: scores ≥ 0 (-0
+    made +0) order as their bit patterns do, so the maximum and the search are integer loops
+    that LLVM vectorises (a float maximum is a serial chain it does not)."""
     for k in range(n):  # -0 to +0 (a pass of its own: LLVM vectorises it)
         scores[k] = scores[k] + 0.0
     best = -1
@@ -119,5 +122,3 @@ def first_maximum(rows, at, key_mask, norms, scores, bits):
         if bits[k] == best:
             return k
     return -1
-
-
