@@ -53,7 +53,8 @@ def test_report_lists_settings_claims_and_every_figure(analysis):
     page = build_report(res, **extras)
     for cid in [f"C{i}" for i in range(1, 12)]:
         assert f"<td>{cid}</td>" in page
-    assert page.count('class="tlg-plot"') == 9  # 2 head maps, curves, sink, regimes, scan map, pruning, top-N, drill-down
+    assert page.count('class="tlg-plot"') == 10  # 3 head maps (regime, gap, certified P), curves, sink, regimes, scan map, pruning, top-N, drill-down
+    assert "Certified precision" in page
     assert "Plotly.newPlot" in page and "transformer_lens" in page
 
 
@@ -95,3 +96,10 @@ def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
     assert p == pytest.approx(2 / (2 + inside), abs=0.005) and r == pytest.approx(sum(d < rho_min for d in selected.y) / 2, abs=0.005)
     positions = {a.text: (a.xanchor, a.yanchor) for a in fig.layout.annotations if a.text in ("ρ_max", "ρ_min")}
     assert len(positions) == 2 and positions["ρ_max"] != positions["ρ_min"]  # the labels do not sit on each other
+    # the certificate's line, never above what the picture shows
+    found = re.search(r"precision ≥ ([\d.]+), recall ≥ ([\d.]+)", fig.layout.title.text)
+    assert found or "proves nothing" in fig.layout.title.text
+    if found:
+        assert float(found[1]) <= p + 0.005 and float(found[2]) <= r + 0.005
+    same = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", "L3H1", n=2)
+    assert same.layout.title.text == fig.layout.title.text  # the head by its name

@@ -92,6 +92,10 @@ def build_report(
         ("Top-N minus random F_N per head", plots.head_map(analysis, "gap", delta_nll=scan), True),
         ("Separability against N", plots.separability_curves(analysis), False),
     ]
+    if "precision_bound" in geo.per_sequence:
+        figures.append(("Certified precision P̲_N per head (the larger of Theorems 1 and 2; trivial: N/(t+1))",
+                        plots.head_map(analysis, "precision_bound", n=2 if 2 in geo.n else None, delta_nll=scan),
+                        True))
     if geo.has_sink:
         figures.append(("The attention sink", plots.sink_plots(analysis), False))
     figures.append(("Regimes per layer", plots.regime_fractions(tax), False))
