@@ -272,7 +272,8 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
         per_kv, cosine_by_lag, tables = _value_measures(values, key_mask, config, whole_gram, value_sq)
         if tables is not None:
             g = torch.stack([torch.stack([table[key] for key in CERTIFICATE_KEYS]) for table in tables]).contiguous()
-    value_norm64 = value_norms64(values, value_sq) if config.ranking == "contribution" else value_sq
+    # ‖v‖ for the contribution ranking and Theorem 2's weights α‖v‖ (else unread: the squares stand in)
+    value_norm64 = value_norms64(values, value_sq) if config.ranking == "contribution" or want_bounds else value_sq
     keys = (np.zeros(batch, dtype=np.uint64) if random is None else random.keys.cpu().numpy().view(np.uint64))
     rule = engine.Rule(np.asarray(ns, dtype=np.int64), 0 if config.ranking == "attention" else 1, config.exclude_sink,
                        config.distance == "euclidean", use_gram, group)

@@ -20,8 +20,8 @@ class Values(NamedTuple):
     """One layer's values, prepared once for every row that reads them.
 
     ``vectors`` ``[batch, kv, key, d]`` (float32 or float64); ``squares`` ``[batch, kv, key]``
-    their float64 squared norms; ``norms64`` the contribution ranking's ``‖v‖`` (float64, one
-    correctly rounded square root of ``squares``); ``gram`` ``[batch, kv, key, key]`` the Gram
+    their float64 squared norms; ``norms64`` ``‖v‖`` (float64, one correctly rounded square root
+    of ``squares``) for the contribution ranking and Theorem 2's weights, where either is asked for; ``gram`` ``[batch, kv, key, key]`` the Gram
     matrices ``V Vᵀ``, read only when ``Rule.use_gram``."""
 
     vectors: np.ndarray

@@ -324,9 +324,22 @@ def _certified_lower(lower, a, mass, slack_w, slack_64, selected_error):
     own_error = slack_w * (a * a + 2 * a * mass)
     spread = a + mass
     exact_error = slack_64 * spread * spread
-    if lower - own_error - slack_w * mass * mass - exact_error > 0.0:
-        return lower - own_error - selected_error - exact_error
-    return _LOWEST
+    positive = lower - own_error - slack_w * mass * mass - exact_error > 0.0
+    certified = lower - own_error - selected_error - exact_error
+    return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
+
+
+@njit(**_NO_RC)
+def _out_of_reach(lower_0, s_sq_lo, diag_lo, inner, w_max, u_min):
+    """Whether no unselected source can reach the smallest ``U_i``: then every one is counted and
+    none certified inside, the trivial bound, without a pass over the keys. A non-sink ``L_j`` before
+    its slack, ``w²·diag_lo + s_sq_lo − 2w·inner``, is convex in its weight ``w ∈ [0, w_max]``, so at
+    most its value at an end, plus the rounding of evaluating it at any ``w`` (16 ulps of its terms'
+    sizes); the sink's is ``lower_0`` (-inf when it is no unselected candidate). A slack only
+    lowers them."""
+    size = w_max * w_max * diag_lo + abs(s_sq_lo) + 2 * w_max * abs(inner)
+    top = max(s_sq_lo, w_max * w_max * diag_lo + s_sq_lo - 2 * w_max * inner) + 16 * 2.0**-53 * size
+    return max(top, lower_0) < u_min
 
 
 @njit(**_NO_RC)
@@ -350,18 +363,25 @@ def _selected_weights(alpha, order, n):
 
 @njit(**_INLINE)
 def unit_weights(values, at, s):
-    """``s.omega[k] = α_k‖v_k‖`` for keys ``0..t``: Theorem 2's weights on the unit vectors."""
+    """``s.omega[k] = α_k‖v_k‖`` for keys ``0..t``: Theorem 2's weights on the unit vectors
+    (``values.norms64``: the layer's float64 norms); returns the largest α and ω over keys ``1..t``."""
     b, _, kv, t, _, _ = at
-    for k in range(t + 1):
-        s.omega[k] = s.alpha[k] * math.sqrt(values.squares[b, kv, k])
+    s.omega[0] = s.alpha[0] * values.norms64[b, kv, 0]
+    alpha_max = omega_max = 0.0
+    for k in range(1, t + 1):
+        s.omega[k] = s.alpha[k] * values.norms64[b, kv, k]
+        alpha_max = max(alpha_max, s.alpha[k])
+        omega_max = max(omega_max, s.omega[k])
+    return alpha_max, omega_max
 
 
 @njit(**_INLINE)
-def certify(cert, form, weights, at, s, order, n):
-    """The certificates (P, R lower bounds) of the top-N set ``order[:n]``: Theorem 1 from the
-    Gram bounds ``cert[form, :, b, kv, t]`` (``regime.CERTIFICATE_KEYS``; form 0 on α and v, form
-    1 Theorem 2 on ω and the unit vectors) and the ``weights`` of that form. Overwrites ``s.u_val``
-    (with ``U_i = Q⁺(w^S − α_i e_i)``) and ``s.dist`` (with the certified ``L_j``)."""
+def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
+    """The certificates (P, R lower bounds) of the top-N set ``order[:n]`` among ``n_cand``
+    candidates: Theorem 1 from the Gram bounds ``cert[form, :, b, kv, t]``
+    (``regime.CERTIFICATE_KEYS``; form 0 on α and v, form 1 Theorem 2 on ω and the unit vectors)
+    and the ``weights`` of that form (``w_max`` their largest over keys ``1..t``). Overwrites
+    ``s.u_val`` (with ``U_i = Q⁺(w^S − α_i e_i)``) and ``s.dist`` (with the certified ``L_j``)."""
     b, _, kv, t, _, _ = at
     g = cert[form]
     diag_lo, diag_hi, pair_hi, pair_lo = g[0, b, kv, t], g[1, b, kv, t], g[2, b, kv, t], g[3, b, kv, t]
@@ -370,6 +390,7 @@ def certify(cert, form, weights, at, s, order, n):
     w0, total, sum_sq, a_max = _selected_weights(weights, order, n)
     mass = total + w0
     u_max = -math.inf
+    u_min = math.inf
     for rank in range(n):
         i = order[rank]
         own = 0.0 if i == 0 else weights[i]
@@ -379,10 +400,15 @@ def certify(cert, form, weights, at, s, order, n):
         s.u_val[rank] = (diag_hi * q_sq + pair_hi * (q_tot * q_tot - q_sq) + sink_sq * s_w * s_w
                          + 2 * sink_hi * s_w * q_tot)
         u_max = max(u_max, s.u_val[rank])
+        u_min = min(u_min, s.u_val[rank])
     s_sq_lo = max(diag_lo * sum_sq + pair_lo * (total * total - sum_sq) + sink_sq * w0 * w0
                   + 2 * sink_lo * w0 * total, 0.0)
     selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
     inner = pair_hi * total + sink_hi * w0
+    a = weights[0]
+    lower_0 = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total) if s.excluded[0] == 0.0 else -math.inf
+    if _out_of_reach(lower_0, s_sq_lo, diag_lo, inner, w_max, u_min):
+        return n / (n + (n_cand - n)), 0.0  # every unselected candidate counted, none inside: the pass below's result
     outside = 0  # +inf (excluded) drops selected and non-candidates from the count and minimum
     for k in range(1, t + 1):
         a = weights[k]
@@ -390,10 +416,8 @@ def certify(cert, form, weights, at, s, order, n):
                                  selected_error) + s.excluded[k]
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
-    a = weights[0]
     if s.excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
-        s.dist[0] = _certified_lower(a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total), a, mass, slack_w,
-                                     slack_64, selected_error)
+        s.dist[0] = _certified_lower(lower_0, a, mass, slack_w, slack_64, selected_error)
     else:
         s.dist[0] = math.inf
     outside += 1 if s.dist[0] <= u_max else 0

@@ -99,7 +99,7 @@ def _sink_standing(rows, values, rule, at, s, listed, sink):
 
 
 @njit(**_INLINE)
-def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out):
+def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
     """Variant TOP: every metric of the ranking's own top-N sets; with the sink diagnostics the
     alignments (and NOSINK's F when the sink is an unselected candidate at every N: the same
     sets), with ``want_bounds`` the certificates."""
@@ -120,8 +120,8 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out):
             out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
                                                               + core.COS_EPS)
         if plan.want_bounds:  # both theorems bound the same measurement: the larger bound holds
-            p_gram, r_gram = core.certify(rows.certificates, 0, s.alpha, at, s, s.top_idx, n)
-            p_unit, r_unit = core.certify(rows.certificates, 1, s.omega, at, s, s.top_idx, n)
+            p_gram, r_gram = core.certify(rows.certificates, 0, s.alpha, w_max[0], at, s, s.top_idx, n, n_cand)
+            p_unit, r_unit = core.certify(rows.certificates, 1, s.omega, w_max[1], at, s, s.top_idx, n, n_cand)
             out.certificates.precision[b, h, q, j] = max(p_gram, p_unit)
             out.certificates.recall[b, h, q, j] = max(r_gram, r_unit)
 
@@ -206,9 +206,8 @@ def _measure(rows, values, rule, plan, at, ls, out):
     sink_candidate = not rule.exclude_sink and rows.key_mask[at[0], 0]
     nosink_in_top = plan.want_sink and sink_candidate and not 0 <= listed < max_n
     core.weighted_sizes(values, rule, at, s)  # shared by every variant of the row
-    if plan.want_bounds:
-        core.unit_weights(values, at, s)
-    _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, out)
+    w_max = core.unit_weights(values, at, s) if plan.want_bounds else (0.0, 0.0)
+    _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out)
     _unselect(s, s.top_idx, min(filled, max_n))
     if plan.want_sink and not sink_candidate:  # NOSINK is TOP
         b, h, _, _, _, q = at
