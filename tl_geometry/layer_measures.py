@@ -34,10 +34,9 @@ from .query_rows import check_values, finite_values
 from .random_orders import random_top_orders
 from .regime import (
     CERTIFICATE_KEYS,
-    certificate_table,
+    certificate_tables,
     fit_from_statistics,
     sink_aware_bounds,
-    unit_certificate_table,
     unit_roundoff,
     value_statistics,
 )
@@ -168,7 +167,7 @@ def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: T
     tables = None
     if config.distance == "euclidean":  # Theorem 1's bounds on the values, Theorem 2's on their directions
         roundoff = unit_roundoff(values.dtype, values.device)
-        tables = [make(stats, values, roundoff, squares) for make in (certificate_table, unit_certificate_table)]
+        tables = list(certificate_tables(stats, values, roundoff, squares).values())  # form 0, form 1 of the kernel
     return per_kv, cosine_by_lag, tables
 
 

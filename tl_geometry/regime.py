@@ -42,7 +42,7 @@ from .sink import value_norms_and_sink_cosines
 
 __all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "regime_envelope", "unit_roundoff",
            "ValueStatistics", "value_statistics", "fit_from_statistics", "envelope_from_statistics",
-           "certificate_table", "unit_certificate_table", "CERTIFICATE_KEYS"]
+           "certificate_table", "unit_certificate_table", "certificate_tables", "CERTIFICATE_KEYS"]
 
 # The rows of certificate_table, in the order the fused kernel reads them: the Gram bounds of
 # Lemma 1 and the two slack scales of Lemma 3.
@@ -280,7 +280,8 @@ def _mu_plus(stats: ValueStatistics, d_head: int, roundoff: float) -> Float[Tens
 
 
 def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
-                      squares: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
+                      squares: Float[Tensor, "batch kv key"] | None = None,
+                      products: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
     """What the certificates of every prefix ``0..t`` of ``values`` need, in float64
     (``CERTIFICATE_KEYS``), from their statistics and the float64 ``‖v‖²`` (``squares``, the
     caller's :func:`~tl_geometry.selection.squared_value_norms` when it has them) and ``⟨v_0, v_j⟩``.
@@ -296,7 +297,7 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     n_keys, d_head = values.shape[2], values.shape[3]
     mask = stats.nonsink[:, None, :]
     squares = squared_value_norms(values) if squares is None else squares
-    products = _sink_products(values)
+    products = _sink_products(values) if products is None else products
     diag_lo = torch.where(mask, squares, torch.inf).cummin(-1).values
     diag_lo = torch.where(torch.isinf(diag_lo), 0.0, diag_lo)
     diag_hi = torch.where(mask, squares, 0.0).cummax(-1).values
@@ -320,7 +321,8 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
 
 
 def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
-                           squares: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
+                           squares: Float[Tensor, "batch kv key"] | None = None,
+                           products: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
     """The same rows (``CERTIFICATE_KEYS``) for Theorem 2, the rescaled form: Theorem 1 on the unit
     vectors ``u_k = v_k/‖v_k‖`` with weights ``ω_k = α_k‖v_k‖`` (docs/theory.md). Their Gram bounds:
     ``diag_lo = diag_hi = sink_sq = 1``; ``pair_hi = −pair_lo = μ⁺`` (as in
@@ -332,7 +334,7 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
     mask = stats.nonsink[:, None, :]
     squares = squared_value_norms(values) if squares is None else squares
     norms = squares.sqrt()
-    products = _sink_products(values)
+    products = _sink_products(values) if products is None else products
     scale = norms * norms[..., :1]
     cosines = torch.where(scale > 0, products / torch.where(scale > 0, scale, 1.0), 0.0)
     widen = _gamma(2 * d_head + 8, 2.0**-53)
@@ -356,9 +358,19 @@ def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
     return diag * sum_sq + pair * (total.square() - sum_sq) + sink_sq * sink_w.square() + 2 * sink_pair * sink_w * total
 
 
+def certificate_tables(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
+                       squares: Float[Tensor, "batch kv key"] | None = None) -> dict[str, dict[str, Tensor]]:
+    """Both certificates' tables, ``{"theorem_1": certificate_table, "theorem_2":
+    unit_certificate_table}``, from one pass for the float64 squared norms and sink products."""
+    squares = squared_value_norms(values) if squares is None else squares
+    products = _sink_products(values)
+    return {"theorem_1": certificate_table(stats, values, roundoff, squares, products),
+            "theorem_2": unit_certificate_table(stats, values, roundoff, squares, products)}
+
+
 # The certificates' two forms (docs/theory.md): Theorem 1 on the weights α and the values v, and
 # Theorem 2 on ω = α‖v‖ and the directions v/‖v‖ (True); each is valid, the larger is reported.
-_THEOREMS = {"theorem_1": (certificate_table, False), "theorem_2": (unit_certificate_table, True)}
+_THEOREMS = {"theorem_1": False, "theorem_2": True}
 
 
 def _theorem_counts(g: dict[str, Tensor], alpha: Tensor, selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
@@ -430,8 +442,9 @@ def sink_aware_bounds(
     if exclude_sink:  # the sink takes no part: no weight in s_N, not an unselected source
         alpha[..., 0] = 0.0
     omega = alpha * rows.per_head(rows.squares.sqrt())[:, :, None, :]
-    for make, on_directions in _THEOREMS.values():
-        table = make(stats, rows.values, roundoff, rows.squares)
+    tables = certificate_tables(stats, rows.values, roundoff, rows.squares)
+    for name, on_directions in _THEOREMS.items():
+        table = tables[name]
         forms.append(({k: rows.per_head(x.gather(2, index))[..., None] for k, x in table.items()},
                       omega if on_directions else alpha))
 
