@@ -34,13 +34,15 @@ _SUMS = {"reassoc", "contract", "nsz"}
 # Added to cosine denominators: a zero vector has cosine 0 with everything.
 COS_EPS = 1e-12
 _LOWEST = -1.7976931348623157e308
+_INT_TOP = 0x7FFFFFFFFFFFFFFF
 
 
 class Scratch(NamedTuple):
     """One task's working arrays (float64 over the keys unless said): weights ``alpha`` (0 off
     the candidates); ``excluded`` (0 on unselected candidates, +inf elsewhere); ``y_size``
     (‖y_k‖² Euclidean, ‖y_k‖ cosine); ``proj`` (⟨v_k, s_N⟩); ``dist``, ``near`` (distances, and
-    those within ρ_max); ``lanes`` (8, a minimum's running minima); ``agg`` (``d``: s_N in direct
+    those within ρ_max; ``dist_bits`` is ``dist`` viewed as int64); ``cell`` (one float64 and its
+    int64 view ``cell_bits``: a minimum's bits back to a float); ``agg`` (``d``: s_N in direct
     mode); ``u_val`` (the selected D_i, then U_i); ``top_idx``, ``top_score`` (the ranking's best);
     ``omega`` (``α_k‖v_k‖``, Theorem 2's weights)."""
 
@@ -50,7 +52,9 @@ class Scratch(NamedTuple):
     proj: np.ndarray
     dist: np.ndarray
     near: np.ndarray
-    lanes: np.ndarray
+    dist_bits: np.ndarray
+    cell: np.ndarray
+    cell_bits: np.ndarray
     agg: np.ndarray
     u_val: np.ndarray
     top_idx: np.ndarray
@@ -61,8 +65,9 @@ class Scratch(NamedTuple):
 @njit(cache=True, nogil=True)
 def scratch(n_k, d, m):
     """Fresh :class:`Scratch` for rows of ``n_k`` keys, ``d``-dimensional values and best-``m`` lists."""
-    return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k),
-                   np.zeros(8), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k))
+    dist, cell = np.zeros(n_k), np.zeros(1)
+    return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), dist, np.zeros(n_k),
+                   dist.view(np.int64), cell, cell.view(np.int64), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k))
 
 
 class Step(NamedTuple):
@@ -119,22 +124,21 @@ def _count_at_most(x, n, bound):
 
 
 @njit(**_NO_RC)
-def _minimum(x, lo, hi, lanes):
-    """``min(x[lo:hi])`` (+inf when empty) over eight running minima in ``lanes``: one running
-    minimum is a serial chain that LLVM does not vectorise; the minimum is exact in any order."""
-    for e in range(8):
-        lanes[e] = math.inf
-    end = hi - (hi - lo) % 8
-    for k in range(lo, end, 8):
-        for e in range(8):
-            value = x[k + e]
-            lanes[e] = value if value < lanes[e] else lanes[e]
-    low = math.inf
-    for k in range(end, hi):
-        low = min(low, x[k])
-    for e in range(8):
-        low = min(low, lanes[e])
-    return low
+def _minimum(s, lo, hi):
+    """``min(s.dist[lo:hi])`` (+inf when empty; ``dist`` holds no NaN: values and weights are
+    finite, or refused). A float minimum is a serial chain that LLVM does not vectorise; the
+    bit patterns of doubles, with the magnitude bits of negative ones flipped, order as the
+    doubles do (−0 before +0, which no comparison tells apart), and their integer minimum is a
+    vector loop."""
+    best = _INT_TOP
+    for k in range(lo, hi):
+        bits = s.dist_bits[k]
+        key = bits ^ ((bits >> 63) & _INT_TOP)
+        best = key if key < best else best
+    if best == _INT_TOP:
+        return math.inf
+    s.cell_bits[0] = best ^ ((best >> 63) & _INT_TOP)
+    return s.cell[0]
 
 
 @njit(**_NO_RC)
@@ -181,10 +185,9 @@ def _inversions(dist, n_keys, u_val, n, rho_min, rho_max, outside, near):
     if above == 1:
         return _count_at_most(dist, n_keys, u_val[last])
     m = 0
-    for k in range(n_keys):
-        if dist[k] <= rho_max:
-            near[m] = dist[k]
-            m += 1
+    for k in range(n_keys):  # written always, kept where near: no branch to mispredict
+        near[m] = dist[k]
+        m += 1 if dist[k] <= rho_max else 0
     total = 0
     for rank in range(n):
         if u_val[rank] >= rho_min:
@@ -275,7 +278,7 @@ def step(values, rule, at, s, order, j, full):
         rho_rest = rho_min = math.inf
         inside = n
     else:
-        rho_rest = _minimum(s.dist, 1, t + 1, s.lanes)  # ρ_min over keys 1..t, then with key 0
+        rho_rest = _minimum(s, 1, t + 1)  # ρ_min over keys 1..t, then with key 0
         rho_min = min(s.dist[0], rho_rest)
         inside = 0
         for rank in range(n):
@@ -423,7 +426,7 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     outside += 1 if s.dist[0] <= u_max else 0
     inside = n  # no L_j ≤ max U_i: every selected source is certified inside
     if outside > 0:
-        l_min = _minimum(s.dist, 0, t + 1, s.lanes)
+        l_min = _minimum(s, 0, t + 1)
         inside = 0
         for rank in range(n):
             inside += 1 if s.u_val[rank] < l_min else 0
