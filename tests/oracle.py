@@ -65,3 +65,46 @@ def oracle_separability(pattern, v, ns, *, distance="euclidean", ranking="attent
                                         ("inversions", ginv), ("sink_selected", float(0 in chosen))):
                         out[name][b, h, qi, ni] = value
     return out
+
+
+def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False):
+    """Theorem 3 of docs/theory.md in exact-as-float64 loops, without rounding slacks: for each query
+    t and top-N set S (attention ranking, ties to the lower position), Lemma 2 with the row's own
+    statistics: exact ‖v_k‖², the range of ⟨v_k, v_l⟩ over the pairs of S and, for each unselected
+    j, max_{k∈S} ⟨v_j, v_k⟩. Returns (P̲, R̲) float64 tensors [batch, head, query, len(ns)] (NaN =
+    undefined)."""
+    pattern = pattern.double()
+    v = v.double()
+    batch, heads, n_q, _ = pattern.shape
+    group = heads // v.shape[2]
+    out_p = torch.full((batch, heads, n_q, len(ns)), math.nan, dtype=torch.float64)
+    out_r = out_p.clone()
+    for b in range(batch):
+        for h in range(heads):
+            vh = v[b, :, h // group, :]
+            for t in range(n_q):
+                sources = [i for i in range(t + 1) if not (exclude_sink and i == 0)]
+                alpha = [float(a) for a in pattern[b, h, t]]
+                ordered = sorted(sources, key=lambda i: (-alpha[i], i))
+                gram = [[float(vh[k] @ vh[l]) for l in range(t + 1)] for k in range(t + 1)]
+                for ni, n in enumerate(ns):
+                    if not 1 <= n < len(sources):
+                        continue
+                    chosen = ordered[:n]
+                    rest = [j for j in sources if j not in chosen]
+                    pairs = [gram[k][l] for k in chosen for l in chosen if k != l]
+                    g_hi, g_lo = (max(pairs), min(pairs)) if pairs else (0.0, 0.0)
+                    mass = sum(alpha[k] for k in chosen)
+
+                    def quadratic(members, pair):
+                        w = sum(alpha[k] for k in members)
+                        q = sum(alpha[k] ** 2 for k in members)
+                        return sum(alpha[k] ** 2 * gram[k][k] for k in members) + pair * (w * w - q)
+
+                    upper = [quadratic([k for k in chosen if k != i], g_hi) for i in chosen]
+                    s_sq = max(quadratic(chosen, g_lo), 0.0)
+                    lower = [alpha[j] ** 2 * gram[j][j] + s_sq - 2 * alpha[j] * mass * max(gram[j][k] for k in chosen)
+                             for j in rest]
+                    out_p[b, h, t, ni] = n / (n + sum(x <= max(upper) for x in lower))
+                    out_r[b, h, t, ni] = sum(u < min(lower) for u in upper) / n
+    return out_p, out_r

@@ -1,6 +1,6 @@
 """The certificates where they are tight: at the last ulps of the measured value's switch.
 
-Each family below is a one-parameter input on which Theorem 1 or Theorem 2 is exact in exact
+Each family below is a one-parameter input on which Theorem 1, 2 or 3 is exact in exact
 arithmetic (the envelope is attained by the pairs that decide the comparison), so the certified and the measured
 P or R switch at the same real parameter. Rounding decides which side each computation lands on:
 a certificate must give way first. For each family, route and dtype we bisect the parameter to the
@@ -63,6 +63,20 @@ def coherent_triple_spread(x: float) -> tuple[np.ndarray, np.ndarray, int]:
     return pattern, v, n
 
 
+def coherent_triple_beside_duplicates(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """The coherent triple beside two equal unit values (weights 0.01 each, orthogonal to it): their
+    |cos| = 1 makes every head-level coherence μ = 1, so Theorems 1 and 2 certify nothing at N = 2,
+    while Theorem 3's statistics of the row's own top-2 set (its one pair at −0.4, and 0.4 the
+    largest product of j with it) are attained as the triple's: D_j² crosses D_i² = 0.16 near
+    x = 0.0547 for the measurement and for Theorem 3 alike."""
+    pattern, v, n = coherent_triple(x)
+    v = np.pad(v, ((0, 2), (0, 1)))
+    v[4, 4] = v[5, 4] = 1.0
+    last = np.r_[pattern[-1, :4], 0.01, 0.01]
+    last[0] -= 0.02
+    return _causal(last), v, n
+
+
 def duplicate_of_the_sink(x: float) -> tuple[np.ndarray, np.ndarray, int]:
     """The sink x·e1 beside the value e1, equal weights, N = 1 (the sink wins the tie): the other
     source sits at D² = (1 − x)²/4 from the selected one, 0 at x = 1, where the measurement's
@@ -77,6 +91,7 @@ FAMILIES = {
     "sink_beside_orthogonal": (sink_beside_orthogonal, 0.01, 0.2, 0.2),
     "coherent_triple": (coherent_triple, 0.01, 0.1, 0.01),
     "coherent_triple_spread": (coherent_triple_spread, 0.005, 0.05, 0.005),
+    "coherent_triple_beside_duplicates": (coherent_triple_beside_duplicates, 0.01, 0.1, 0.01),
     "duplicate_of_the_sink": (duplicate_of_the_sink, 0.5, 1.0, 0.5),
 }
 
@@ -188,7 +203,7 @@ def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes,
     certified_around_the_switch(name, ROUTES[route], *dtypes, options)
 
 
-@pytest.mark.parametrize("name", ["coherent_triple", "coherent_triple_spread"])
+@pytest.mark.parametrize("name", ["coherent_triple", "coherent_triple_spread", "coherent_triple_beside_duplicates"])
 @pytest.mark.parametrize("route", ROUTES.keys())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_certificates_hold_at_the_switch_with_the_sink_excluded(name, route, dtype):

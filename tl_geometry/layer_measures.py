@@ -165,7 +165,7 @@ def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: T
     fit = fit_from_statistics(stats)
     per_kv.update({name: getattr(fit, name) for name in FIT_FIELDS}, regime_holds=fit.holds().to(values.dtype))
     tables = None
-    if config.distance == "euclidean":  # Theorem 1's bounds on the values, Theorem 2's on their directions
+    if config.distance == "euclidean":  # Theorem 1's bounds on the values (Theorem 3 reads its slacks), Theorem 2's on their directions
         roundoff = unit_roundoff(values.dtype, values.device)
         tables = list(certificate_tables(stats, values, roundoff, squares).values())  # form 0, form 1 of the kernel
     return per_kv, cosine_by_lag, tables

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -45,8 +46,9 @@ __all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "r
            "certificate_table", "unit_certificate_table", "certificate_tables", "CERTIFICATE_KEYS"]
 
 # The rows of certificate_table, in the order the fused kernel reads them: the Gram bounds of
-# Lemma 1 and the two slack scales of Lemma 3.
-CERTIFICATE_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq", "slack_w", "slack_64")
+# Lemma 1, the two slack scales of Lemma 3 and the rounding of a working-dtype Gram entry (Lemma 5).
+CERTIFICATE_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq", "slack_w", "slack_64",
+                    "gram_err")
 
 NORM_TOLERANCE = 0.1  # relative spread (std / mean) of non-sink norms accepted as "constant"
 SIGN_TOLERANCE = 0.9  # share of non-sink sources whose sink cosine has the majority sign
@@ -292,8 +294,10 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     ``sink_hi``/``sink_lo`` the range of ``⟨v_0, v_j⟩``; ``sink_sq = ‖v_0‖²``. Slack scales
     (Lemma 3), times ``M = max(diag_hi, sink_sq)``: ``slack_w = γ_m(u)·M`` for the measurement's
     rounding in the working precision ``roundoff`` and ``slack_64 = 16·γ_m(2⁻⁵³)·M`` for the
-    certificate's own float64 arithmetic, ``m = 2(n_keys + d_head) + 16``. A prefix without
-    non-sink keys has zero ranges (no term uses them there)."""
+    certificate's own float64 arithmetic, ``m = 2(n_keys + d_head) + 16``; ``gram_err =
+    γ_{d+2}(u)·M`` bounds the rounding of an entry of the working-dtype Gram matrix (Theorem 3's
+    per-row statistics, Lemma 5). A prefix without non-sink keys has zero ranges (no term uses
+    them there)."""
     n_keys, d_head = values.shape[2], values.shape[3]
     mask = stats.nonsink[:, None, :]
     squares = squared_value_norms(values) if squares is None else squares
@@ -317,6 +321,7 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
         "sink_sq": sink_sq, "slack_w": slack(_gamma(m, roundoff)), "slack_64": slack(16 * _gamma(m, 2.0**-53)),
+        "gram_err": slack(_gamma(d_head + 2, roundoff)),
     }
 
 
@@ -328,8 +333,8 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
     ``diag_lo = diag_hi = sink_sq = 1``; ``pair_hi = −pair_lo = μ⁺`` (as in
     :func:`certificate_table`); ``sink_hi``/``sink_lo`` the range of ``cos(v_0, v_j)`` from the float64
     products and norms, widened by ``γ_{2d+8}(2⁻⁵³)``. Slack scales with ``M = 1``: ``slack_w =
-    γ_m(u)·(1 + 4γ_m(2⁻⁵³))``, ``slack_64 = 18·γ_m(2⁻⁵³)`` (Lemma 4). A zero vector has ``ω = 0``
-    and takes no part."""
+    γ_m(u)·(1 + 4γ_m(2⁻⁵³))``, ``slack_64 = 18·γ_m(2⁻⁵³)`` (Lemma 4); ``gram_err`` 0 (Theorem 3
+    reads Theorem 1's table). A zero vector has ``ω = 0`` and takes no part."""
     n_keys, d_head = values.shape[2], values.shape[3]
     mask = stats.nonsink[:, None, :]
     squares = squared_value_norms(values) if squares is None else squares
@@ -349,7 +354,7 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
         "sink_sq": full, "slack_w": _gamma(m, roundoff) * (1 + 4 * _gamma(m, 2.0**-53)) * full,
-        "slack_64": 18 * _gamma(m, 2.0**-53) * full,
+        "slack_64": 18 * _gamma(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
     }
 
 
@@ -368,34 +373,22 @@ def certificate_tables(stats: ValueStatistics, values: Float[Tensor, "batch kv k
             "theorem_2": unit_certificate_table(stats, values, roundoff, squares, products)}
 
 
-# The certificates' two forms (docs/theory.md): Theorem 1 on the weights α and the values v, and
-# Theorem 2 on ω = α‖v‖ and the directions v/‖v‖ (True); each is valid, the larger is reported.
-_THEOREMS = {"theorem_1": False, "theorem_2": True}
+# The certificates' forms (docs/theory.md), each valid, the largest reported: Theorem 1 on the
+# weights α and the values v, Theorem 2 on ω = α‖v‖ and the directions v/‖v‖, Theorem 3 on α and v
+# with the Gram statistics of each row's own selected set.
+Form = Literal["values", "directions", "rows"]
+_THEOREMS: dict[str, Form] = {"theorem_1": "values", "theorem_2": "directions", "theorem_3": "rows"}
+# Query rows per chunk of Theorem 3's gathered Gram rows ([b, h, q, N, key] float64 entries).
+_ROW_CHUNK_ENTRIES = 1 << 24
 
 
-def _theorem_counts(g: dict[str, Tensor], alpha: Tensor, selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
-    """Theorem 1's counts for the selected sets ``selected`` from Gram bounds ``g`` and weights
-    ``alpha`` (float64 ``[b, h, q, key]``): unselected sources not certified outside, selected
-    sources certified inside, with Lemma 3's slacks."""
-    is_sink = torch.zeros(alpha.shape[-1], dtype=torch.bool, device=alpha.device)
-    is_sink[0] = True
-    weights = torch.where(selected, alpha, 0.0)
-    sink_w = weights[..., :1]
-    total = weights[..., 1:].sum(-1, keepdim=True)
-    sum_sq = weights[..., 1:].square().sum(-1, keepdim=True)
-    mass = total + sink_w
-    a_max = weights.amax(-1, keepdim=True)
-    own = torch.where(is_sink, 0.0, alpha)
-    # U_i: ‖s − y_i‖² = ‖Σ_{k∈S∖i} y_k‖², with i's own weight removed from its pair type.
-    upper = _quadratic(sum_sq - own.square(), total - own, torch.where(is_sink, 0.0, sink_w),
-                       g["diag_hi"], g["pair_hi"], g["sink_hi"], g["sink_sq"])
-    # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ‖s‖² and ⟨v_j, s⟩ bounded by pair type.
-    s_sq_lo = _quadratic(sum_sq, total, sink_w, g["diag_lo"], g["pair_lo"], g["sink_lo"], g["sink_sq"]).clamp_min(0)
-    inner_hi = torch.where(is_sink, g["sink_hi"] * total, g["pair_hi"] * total + g["sink_hi"] * sink_w)
-    own_diag = torch.where(is_sink, g["sink_sq"], g["diag_lo"])  # lower bound on ‖v_j‖²
-    lower = alpha.square() * own_diag + s_sq_lo - 2 * alpha * inner_hi
-    # Lemma 3: L_j less σ_j (the measurement's rounding of D_j² and of the selected D_i², and
-    # the certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
+def _certified_counts(g: dict[str, Tensor], alpha: Tensor, mass: Tensor, a_max: Tensor, upper: Tensor, lower: Tensor,
+                      selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
+    """The counts of a certificate from its ``U_i`` (``upper``) and ``L_j`` (``lower``): unselected
+    sources not certified outside, selected sources certified inside, with Lemma 3's slacks (``mass``
+    the selected weight, ``a_max`` the largest)."""
+    # L_j less σ_j (the measurement's rounding of D_j² and of the selected D_i², and the
+    # certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
     # which proves the measured D_j² positive.
     own_error = g["slack_w"] * (alpha.square() + 2 * alpha * mass)
     exact_error = g["slack_64"] * (alpha + mass).square()
@@ -405,6 +398,75 @@ def _theorem_counts(g: dict[str, Tensor], alpha: Tensor, selected: Tensor, unsel
     u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
     l_min = torch.where(unselected, lower, torch.inf).amin(-1, keepdim=True)
     return (unselected & (lower <= u_max)).sum(-1), (selected & (upper < l_min)).sum(-1)
+
+
+def _theorem_counts(g: dict[str, Tensor], alpha: Tensor, selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
+    """Theorem 1's counts for the selected sets ``selected`` from Gram bounds ``g`` and weights
+    ``alpha`` (float64 ``[b, h, q, key]``)."""
+    is_sink = torch.zeros(alpha.shape[-1], dtype=torch.bool, device=alpha.device)
+    is_sink[0] = True
+    weights = torch.where(selected, alpha, 0.0)
+    sink_w = weights[..., :1]
+    total = weights[..., 1:].sum(-1, keepdim=True)
+    sum_sq = weights[..., 1:].square().sum(-1, keepdim=True)
+    own = torch.where(is_sink, 0.0, alpha)
+    # U_i: ‖s − y_i‖² = ‖Σ_{k∈S∖i} y_k‖², with i's own weight removed from its pair type.
+    upper = _quadratic(sum_sq - own.square(), total - own, torch.where(is_sink, 0.0, sink_w),
+                       g["diag_hi"], g["pair_hi"], g["sink_hi"], g["sink_sq"])
+    # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ‖s‖² and ⟨v_j, s⟩ bounded by pair type.
+    s_sq_lo = _quadratic(sum_sq, total, sink_w, g["diag_lo"], g["pair_lo"], g["sink_lo"], g["sink_sq"]).clamp_min(0)
+    inner_hi = torch.where(is_sink, g["sink_hi"] * total, g["pair_hi"] * total + g["sink_hi"] * sink_w)
+    own_diag = torch.where(is_sink, g["sink_sq"], g["diag_lo"])  # lower bound on ‖v_j‖²
+    lower = alpha.square() * own_diag + s_sq_lo - 2 * alpha * inner_hi
+    return _certified_counts(g, alpha, total + sink_w, weights.amax(-1, keepdim=True), upper, lower, selected,
+                             unselected)
+
+
+def _row_statistics_counts(g: dict[str, Tensor], gram_rows: Tensor, order: Tensor, squares: Tensor, alpha: Tensor,
+                           selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
+    """Theorem 3's counts: Lemma 2 with each row's own Gram statistics, the exact ``‖v_k‖²``
+    (``squares``), the range of ``Ĝ`` over the selected pairs and, for every key, its largest ``Ĝ``
+    with a selected source, the last two widened by ``gram_err`` (Lemma 5). ``gram_rows``
+    ``[b, h, q, N, key]`` holds ``Ĝ[order[r], :]``, the selected sources ``order`` in rank order
+    (pairs are read as ``Ĝ[later, earlier]``, as the compiled pass reads them)."""
+    n = order.shape[-1]
+    err = g["gram_err"]
+    weights = torch.where(selected, alpha, 0.0)
+    sizes = alpha.square() * squares  # α_k²‖v_k‖²
+    total_size = torch.where(selected, sizes, 0.0).sum(-1, keepdim=True)
+    mass = weights.sum(-1, keepdim=True)
+    sum_sq = weights.square().sum(-1, keepdim=True)
+    pair_hi = pair_lo = torch.zeros_like(mass)  # one source: no pair, and W² − Q = 0
+    if n > 1:
+        pairs = gram_rows.gather(-1, order[..., None, :].expand(*order.shape, n))
+        earlier = torch.ones(n, n, dtype=torch.bool, device=order.device).tril(-1)
+        pair_hi = pairs.masked_fill(~earlier, -torch.inf).amax((-2, -1))[..., None] + err
+        pair_lo = pairs.masked_fill(~earlier, torch.inf).amin((-2, -1))[..., None] - err
+    # U_i: ‖Σ_{k∈S∖i} y_k‖² with its diagonal exact and its pairs at most pair_hi.
+    upper = (total_size - sizes) + pair_hi * ((mass - alpha).square() - (sum_sq - alpha.square()))
+    # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ⟨v_j, s⟩ ≤ W·max_{k∈S} G_jk.
+    s_sq_lo = (total_size + pair_lo * (mass.square() - sum_sq)).clamp_min(0)
+    lower = sizes + s_sq_lo - 2 * alpha * mass * (gram_rows.amax(-2) + err)
+    return _certified_counts(g, alpha, mass, weights.amax(-1, keepdim=True), upper, lower, selected, unselected)
+
+
+def _form_counts(g: dict[str, Tensor], form: Form, alpha: Tensor, selected: Tensor, unselected: Tensor, top: Tensor,
+                 gram: Tensor | None, squares: Tensor | None, group: int) -> tuple[Tensor, Tensor]:
+    """One form's counts; Theorem 3 gathers the selected sources' Gram rows a chunk of queries at
+    a time (``[b, h, q, N, key]`` would be large with every query)."""
+    if form != "rows":
+        return _theorem_counts(g, alpha, selected, unselected)
+    batch, heads, n_q, n_k = alpha.shape
+    chunk = max(1, _ROW_CHUNK_ENTRIES // (batch * heads * top.shape[-1] * n_k))
+    b_idx = torch.arange(batch, device=alpha.device)[:, None, None, None]
+    kv_idx = (torch.arange(heads, device=alpha.device) // group)[None, :, None, None]
+    parts = []
+    for lo in range(0, n_q, chunk):
+        q = slice(lo, lo + chunk)
+        order = top[:, :, q]
+        parts.append(_row_statistics_counts({k: x[:, :, q] for k, x in g.items()}, gram[b_idx, kv_idx, order], order,
+                                            squares, alpha[:, :, q], selected[:, :, q], unselected[:, :, q]))
+    return torch.cat([p[0] for p in parts], 2), torch.cat([p[1] for p in parts], 2)
 
 
 def sink_aware_bounds(
@@ -418,10 +480,11 @@ def sink_aware_bounds(
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
 ) -> SinkAwareBounds:
-    """Sink-aware lower bounds on Euclidean ``P_N`` and ``R_N`` (Theorem 1 of ``docs/theory.md``).
+    """Sink-aware lower bounds on Euclidean ``P_N`` and ``R_N`` (Theorems 1–3 of ``docs/theory.md``).
 
     With ``U_i ≥ D_i²`` for selected and ``L_j ≤ D_j²`` for unselected sources (from the regime
-    parameters of the query's prefix and its attention weights)::
+    parameters of the query's prefix, or the Gram statistics of the row's own top-N set, and its
+    attention weights; the largest of the three theorems' bounds is returned)::
 
         P_N ≥ N / (N + #{j∉S : L_j ≤ max_{i∈S} U_i})      R_N ≥ #{i∈S : U_i < min_{j∉S} L_j} / N
 
@@ -437,17 +500,18 @@ def sink_aware_bounds(
     stats = value_statistics(rows.values, rows.key_mask)
     roundoff = unit_roundoff(rows.values.dtype, pattern.device)
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
-    forms = []  # (Gram bounds [b, h, q, 1] in float64, weights): Theorem 1 on α and v, Theorem 2 on ω and u
     alpha = rows.alpha.to(torch.float64, copy=True)  # the certificate's arithmetic: float64 in every run (Lemma 3)
     if exclude_sink:  # the sink takes no part: no weight in s_N, not an unselected source
         alpha[..., 0] = 0.0
-    omega = alpha * rows.per_head(rows.squares.sqrt())[:, :, None, :]
+    weights = {"values": alpha, "directions": alpha * rows.per_head(rows.squares.sqrt())[:, :, None, :], "rows": alpha}
     tables = certificate_tables(stats, rows.values, roundoff, rows.squares)
-    for name, on_directions in _THEOREMS.items():
-        table = tables[name]
-        forms.append(({k: rows.per_head(x.gather(2, index))[..., None] for k, x in table.items()},
-                      omega if on_directions else alpha))
-
+    tables["theorem_3"] = tables["theorem_1"]  # its slacks (and M) are Theorem 1's
+    forms = {name: ({k: rows.per_head(x.gather(2, index))[..., None] for k, x in tables[name].items()}, form)
+             for name, form in _THEOREMS.items()}  # Gram bounds [b, h, q, 1] in float64
+    gram = squares = None
+    if "rows" in _THEOREMS.values():  # Ĝ = V Vᵀ in the working dtype, as the compiled pass reads it
+        gram = torch.matmul(rows.values, rows.values.transpose(-1, -2)).double()
+        squares = rows.per_head(rows.squares)[:, :, None, :]
     candidates = rows.candidates(exclude_sink)[:, None]  # [b, 1, q, key]
     distinct = tuple(sorted(set(ns)))  # nested sets grow over increasing N
     order = top_order(rows.selection_scores(ranking, exclude_sink), min(distinct[-1], n_k))
@@ -458,7 +522,8 @@ def sink_aware_bounds(
         top = order[..., :n_value]
         selected = torch.zeros(alpha.shape, dtype=torch.bool, device=alpha.device).scatter_(-1, top, True)
         # each form is a valid bound: the larger P̲ (fewer counted outside) and R̲ are reported
-        counts = [_theorem_counts(g, weights, selected, candidates & ~selected) for g, weights in forms]
+        counts = [_form_counts(g, form, weights[form], selected, candidates & ~selected, top, gram, squares, rows.group)
+                  for g, form in forms.values()]
         outside = torch.stack([c[0] for c in counts]).amin(0)
         inside = torch.stack([c[1] for c in counts]).amax(0)
         defined = n_candidates > n_value

@@ -23,8 +23,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-__all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "unit_weights", "write_metrics",
-           "weighted_sizes"]
+__all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "certify_rows",
+           "unit_weights", "write_metrics", "weighted_sizes"]
 
 _NO_RC = {"cache": True, "nogil": True, "_nrt": False}
 # A call passes every array of its bundles field by field (a dozen words each): the per-N steps
@@ -44,7 +44,9 @@ class Scratch(NamedTuple):
     those within ρ_max; ``dist_bits`` is ``dist`` viewed as int64); ``cell`` (one float64 and its
     int64 view ``cell_bits``: a minimum's bits back to a float); ``agg`` (``d``: s_N in direct
     mode); ``u_val`` (the selected D_i, then U_i); ``top_idx``, ``top_score`` (the ranking's best);
-    ``omega`` (``α_k‖v_k‖``, Theorem 2's weights)."""
+    ``omega`` (``α_k‖v_k‖``, Theorem 2's weights); ``reach`` (``max_{i∈S} Ĝ[i, k]``) and
+    ``pair_range`` (the largest and smallest ``Ĝ`` over the selected pairs): Theorem 3's running
+    statistics of the top-N sets."""
 
     alpha: np.ndarray
     excluded: np.ndarray
@@ -60,6 +62,8 @@ class Scratch(NamedTuple):
     top_idx: np.ndarray
     top_score: np.ndarray
     omega: np.ndarray
+    reach: np.ndarray
+    pair_range: np.ndarray
 
 
 @njit(cache=True, nogil=True)
@@ -67,7 +71,8 @@ def scratch(n_k, d, m):
     """Fresh :class:`Scratch` for rows of ``n_k`` keys, ``d``-dimensional values and best-``m`` lists."""
     dist, cell = np.zeros(n_k), np.zeros(1)
     return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), dist, np.zeros(n_k),
-                   dist.view(np.int64), cell, cell.view(np.int64), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k))
+                   dist.view(np.int64), cell, cell.view(np.int64), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k),
+                   np.zeros(n_k), np.zeros(2))
 
 
 class Step(NamedTuple):
@@ -142,29 +147,38 @@ def _minimum(s, lo, hi):
 
 
 @njit(**_NO_RC)
-def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, n):
+def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, n, reach, track):
     """``proj[:n] += α_i G[i, :n]`` for the sources ``order[lo:hi]`` in rank order, four (then
     two) rows per pass: the same sums in the same order as one row at a time, with a quarter of
-    the loads and stores of ``proj``."""
+    the loads and stores of ``proj``. With ``track``, also ``reach[:n] = max(reach, G[i, :n])``
+    from the same loads (Theorem 3's statistics)."""
     rank = lo
     while rank + 4 <= hi:
         i0, i1, i2, i3 = order[rank], order[rank + 1], order[rank + 2], order[rank + 3]
         a0, a1, a2, a3 = alpha[i0], alpha[i1], alpha[i2], alpha[i3]
         for k in range(n):
-            proj[k] = (((proj[k] + a0 * gram[b, kv, i0, k]) + a1 * gram[b, kv, i1, k]) + a2 * gram[b, kv, i2, k]
-                       + a3 * gram[b, kv, i3, k])
+            g0, g1, g2, g3 = gram[b, kv, i0, k], gram[b, kv, i1, k], gram[b, kv, i2, k], gram[b, kv, i3, k]
+            proj[k] = (((proj[k] + a0 * g0) + a1 * g1) + a2 * g2) + a3 * g3
+            if track:
+                reach[k] = max(reach[k], float(max(max(g0, g1), max(g2, g3))))
         rank += 4
     if rank + 2 <= hi:
         i0, i1 = order[rank], order[rank + 1]
         a0, a1 = alpha[i0], alpha[i1]
         for k in range(n):
-            proj[k] = (proj[k] + a0 * gram[b, kv, i0, k]) + a1 * gram[b, kv, i1, k]
+            g0, g1 = gram[b, kv, i0, k], gram[b, kv, i1, k]
+            proj[k] = (proj[k] + a0 * g0) + a1 * g1
+            if track:
+                reach[k] = max(reach[k], float(max(g0, g1)))
         rank += 2
     if rank < hi:
         i0 = order[rank]
         a0 = alpha[i0]
         for k in range(n):
-            proj[k] += a0 * gram[b, kv, i0, k]
+            g0 = gram[b, kv, i0, k]
+            proj[k] += a0 * g0
+            if track:
+                reach[k] = max(reach[k], float(g0))
 
 
 @njit(**_NO_RC)
@@ -212,14 +226,17 @@ def start(at, s, order, n_cand, last_n):
 
 
 @njit(**_INLINE)
-def _grow(values, rule, at, s, order, lo, hi):
+def _grow(values, rule, at, s, order, lo, hi, reach):
     """Add the sources ``order[lo:hi]`` to the selection: out of the candidates, into ``p``
-    (Gram rows) or the aggregate ``s_N`` (direct)."""
+    (Gram rows; with ``reach`` also into ``s.reach``) or the aggregate ``s_N`` (direct)."""
     b, _, kv, t, _, _ = at
     for rank in range(lo, hi):
         s.excluded[order[rank]] = math.inf
     if rule.use_gram:
-        _add_gram_rows(s.proj, values.gram, b, kv, s.alpha, order, lo, hi, t + 1)
+        if reach and lo == 0:
+            for k in range(t + 1):
+                s.reach[k] = -math.inf
+        _add_gram_rows(s.proj, values.gram, b, kv, s.alpha, order, lo, hi, t + 1, s.reach, reach)
         return
     for rank in range(lo, hi):
         i = order[rank]
@@ -255,13 +272,13 @@ def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bo
 
 
 @njit(**_INLINE)
-def step(values, rule, at, s, order, j, full):
+def step(values, rule, at, s, order, j, full, reach):
     """Grow the selection to ``N = rule.ns[j]`` (from ``rule.ns[j - 1]``) and measure it, where it
     is defined (``N`` below the candidates: the caller stops at the first that is not).
     ``full``: also the margin and the inversions."""
     n = rule.ns[j]
     t = at[3]
-    _grow(values, rule, at, s, order, rule.ns[j - 1] if j > 0 else 0, n)
+    _grow(values, rule, at, s, order, rule.ns[j - 1] if j > 0 else 0, n, reach)
     agg_sq = _aggregate_size(values, rule, at, s, order, n)
     agg_norm = math.sqrt(max(agg_sq, 0.0))
     rho_max = -math.inf
@@ -420,10 +437,17 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
     if s.excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
-        s.dist[0] = _certified_lower(lower_0, a, mass, slack_w, slack_64, selected_error)
+        s.dist[0] = _certified_lower(lower_0, weights[0], mass, slack_w, slack_64, selected_error)
     else:
         s.dist[0] = math.inf
     outside += 1 if s.dist[0] <= u_max else 0
+    return _bounds(s, t, n, outside)
+
+
+@njit(**_NO_RC)
+def _bounds(s, t, n, outside):
+    """P̲ and R̲ from the unselected sources counted (``outside``), the selected ``U_i`` in
+    ``s.u_val[:n]`` and the certified ``L_j`` in ``s.dist[:t + 1]`` (+inf off the unselected)."""
     inside = n  # no L_j ≤ max U_i: every selected source is certified inside
     if outside > 0:
         l_min = _minimum(s, 0, t + 1)
@@ -431,3 +455,59 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
         for rank in range(n):
             inside += 1 if s.u_val[rank] < l_min else 0
     return n / (n + outside), inside / n
+
+
+@njit(**_NO_RC)
+def _grow_pairs(gram, b, kv, order, lo, hi, pair_range):
+    """Theorem 3's ``pair_range`` after adding the sources ``order[lo:hi]``: the largest and
+    smallest ``Ĝ[i, l]`` over a new source ``i`` and each source ``l`` ranked before it."""
+    if lo == 0:
+        pair_range[0], pair_range[1] = -math.inf, math.inf
+    for rank in range(max(lo, 1), hi):
+        i = order[rank]
+        for earlier in range(rank):
+            x = float(gram[b, kv, i, order[earlier]])
+            pair_range[0] = max(pair_range[0], x)
+            pair_range[1] = min(pair_range[1], x)
+
+
+@njit(**_INLINE)
+def certify_rows(cert, values, rule, at, s, order, j, n_cand):
+    """Theorem 3's certificates of the top-N set ``order[:n]``, ``n = rule.ns[j]``: Lemma 2 with
+    the row's own statistics (exact ``‖v_k‖²``, ``s.pair_range`` and ``s.reach``, read from the
+    working-dtype Gram matrix and widened by ``gram_err``, Lemma 5), Theorem 1's slacks. Called
+    for ``j = 0, 1, …`` in turn after :func:`step` with ``reach`` (which grows ``s.reach``): it
+    grows ``s.pair_range`` from ``rule.ns[j - 1]``. Overwrites ``s.u_val`` and ``s.dist`` as
+    :func:`certify` does."""
+    b, _, kv, t, _, _ = at
+    g = cert[0]
+    slack_w, slack_64, err = g[7, b, kv, t], g[8, b, kv, t], g[9, b, kv, t]
+    n = rule.ns[j]
+    _grow_pairs(values.gram, b, kv, order, rule.ns[j - 1] if j > 0 else 0, n, s.pair_range)
+    total_size = mass = sum_sq = a_max = 0.0
+    for rank in range(n):
+        i = order[rank]
+        a = s.alpha[i]
+        total_size += a * a * values.squares[b, kv, i]
+        mass += a
+        sum_sq += a * a
+        a_max = max(a_max, a)
+    pair_hi = s.pair_range[0] + err if n > 1 else 0.0
+    pair_lo = s.pair_range[1] - err if n > 1 else 0.0
+    u_max = -math.inf
+    for rank in range(n):
+        i = order[rank]
+        a = s.alpha[i]
+        s.u_val[rank] = (total_size - a * a * values.squares[b, kv, i]) + pair_hi * ((mass - a) * (mass - a)
+                                                                                   - (sum_sq - a * a))
+        u_max = max(u_max, s.u_val[rank])
+    s_sq_lo = max(total_size + pair_lo * (mass * mass - sum_sq), 0.0)
+    selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
+    outside = 0
+    for k in range(t + 1):
+        a = s.alpha[k]
+        lower = a * a * values.squares[b, kv, k] + s_sq_lo - 2 * a * mass * (s.reach[k] + err)
+        value = _certified_lower(lower, a, mass, slack_w, slack_64, selected_error) + s.excluded[k]
+        s.dist[k] = value
+        outside += 1 if value <= u_max else 0
+    return _bounds(s, t, n, outside)

@@ -110,7 +110,7 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
         n = ns[j]
         if n >= n_cand:
             break
-        st = core.step(values, rule, at, s, s.top_idx, j, True)
+        st = core.step(values, rule, at, s, s.top_idx, j, True, plan.want_bounds)
         core.write_metrics(out.metrics, at, j, st, sink_rank < n)
         if nosink_in_top and n < n_cand - 1:
             out.sink.f_nosink[b, h, q, j] = core.nosink_f(s, st, n)
@@ -119,11 +119,12 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
                                                            + core.COS_EPS)
             out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
                                                               + core.COS_EPS)
-        if plan.want_bounds:  # both theorems bound the same measurement: the larger bound holds
+        if plan.want_bounds:  # the theorems bound the same measurement: the largest bound holds
             p_gram, r_gram = core.certify(rows.certificates, 0, s.alpha, w_max[0], at, s, s.top_idx, n, n_cand)
             p_unit, r_unit = core.certify(rows.certificates, 1, s.omega, w_max[1], at, s, s.top_idx, n, n_cand)
-            out.certificates.precision[b, h, q, j] = max(p_gram, p_unit)
-            out.certificates.recall[b, h, q, j] = max(r_gram, r_unit)
+            p_rows, r_rows = core.certify_rows(rows.certificates, values, rule, at, s, s.top_idx, j, n_cand)
+            out.certificates.precision[b, h, q, j] = max(p_gram, p_unit, p_rows)
+            out.certificates.recall[b, h, q, j] = max(r_gram, r_unit, r_rows)
 
 
 @njit(**_NO_RC)
@@ -145,7 +146,7 @@ def _prf(values, rule, at, ls, n_cand, m):
     for j in range(ns.shape[0]):
         if ns[j] >= n_cand:
             break
-        st = core.step(values, rule, at, s, ls.order, j, False)
+        st = core.step(values, rule, at, s, ls.order, j, False, False)
         ls.part[0, j], ls.part[1, j], ls.part[2, j] = st.precision, st.recall, st.f
     _unselect(s, ls.order, m)
 

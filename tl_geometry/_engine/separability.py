@@ -29,7 +29,7 @@ def _row(inputs, values, rule, at, s, metrics, checks):
     for j in range(ns.shape[0]):
         if ns[j] >= n_cand:  # no unselected candidate: undefined from here on
             break
-        st = core.step(values, rule, at, s, s.top_idx, j, True)
+        st = core.step(values, rule, at, s, s.top_idx, j, True, False)
         core.write_metrics(metrics, at, j, st, sink_rank < ns[j])
 
 
