@@ -86,17 +86,17 @@ def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False):
                 sources = [i for i in range(t + 1) if not (exclude_sink and i == 0)]
                 alpha = [float(a) for a in pattern[b, h, t]]
                 ordered = sorted(sources, key=lambda i: (-alpha[i], i))
-                gram = [[float(vh[k] @ vh[l]) for l in range(t + 1)] for k in range(t + 1)]
+                gram = [[float(vh[k] @ vh[m]) for m in range(t + 1)] for k in range(t + 1)]
                 for ni, n in enumerate(ns):
                     if not 1 <= n < len(sources):
                         continue
                     chosen = ordered[:n]
                     rest = [j for j in sources if j not in chosen]
-                    pairs = [gram[k][l] for k in chosen for l in chosen if k != l]
+                    pairs = [gram[k][m] for k in chosen for m in chosen if k != m]
                     g_hi, g_lo = (max(pairs), min(pairs)) if pairs else (0.0, 0.0)
                     mass = sum(alpha[k] for k in chosen)
 
-                    def quadratic(members, pair):
+                    def quadratic(members, pair, alpha=alpha, gram=gram):
                         w = sum(alpha[k] for k in members)
                         q = sum(alpha[k] ** 2 for k in members)
                         return sum(alpha[k] ** 2 * gram[k][k] for k in members) + pair * (w * w - q)
