@@ -271,3 +271,92 @@ def test_every_head_convention_ablates_the_same_heads(tiny_model):
         with ablate_heads(tiny_model, heads) as ablation:
             assert sorted(ablation.heads) == wanted
             assert torch.equal(_logits(tiny_model, tokens), expected)
+
+
+@pytest.mark.parametrize("factory", ["hooked-gqa", "hooked-mha", "bridge-gqa", "bridge-mqa"])
+def test_window_equals_masking_the_scores_by_hand(factory):
+    # StreamingLLM-style attention for heads 1 and 2 of layer 1: keys < sink and the last `window`
+    # keys up to the query, against -inf written into those heads' attention scores by hand
+    from .tiny import MODEL_FACTORIES
+
+    model = MODEL_FACTORIES[factory]()
+    tokens = random_tokens(2, 24)
+    window, sink, heads = 5, 2, [1, 2]
+    base = _logits(model, tokens)
+    scores_hook = "blocks.1.attn.hook_attn_scores"
+
+    def mask_scores(scores, hook):
+        query = torch.arange(scores.shape[-2])[:, None]
+        key = torch.arange(scores.shape[-1])[None, :]
+        drop = ~((key < sink) | (key > query - window))
+        scores = scores.clone()
+        scores[:, heads] = scores[:, heads].masked_fill(drop, -torch.inf)
+        return scores
+
+    def by_hand_from_pattern():
+        # where the scores hook is not consumed (the bridge delegates to the HF module): the
+        # pattern's logarithms are the scores up to a constant per row; mask those, softmax, and
+        # set the heads' z from hook_v
+        state = {}
+
+        def keep_v(v, hook):
+            state["v"] = v
+
+        def masked_softmax(pattern, hook):
+            state["rows"] = mask_scores(pattern.log(), hook)[:, heads].softmax(-1)
+
+        def set_z(z, hook):
+            v = state["v"].repeat_interleave(z.shape[2] // state["v"].shape[2], 2)[:, :, heads]
+            z = z.clone()
+            z[:, :, heads] = torch.einsum("bhqk,bkhd->bqhd", state["rows"], v)
+            return z
+
+        return [("blocks.1.attn.hook_v", keep_v), ("blocks.1.attn.hook_pattern", masked_softmax),
+                ("blocks.1.attn.hook_z", set_z)]
+
+    import warnings
+
+    got = _window_logits_or_skip(model, tokens, [(1, h) for h in heads], window, sink)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the bridge says it discards an edited hook_attn_scores
+        expected = _logits(model, tokens, [(scores_hook, mask_scores)])
+    if torch.equal(expected, base):
+        expected = _logits(model, tokens, by_hand_from_pattern())
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    assert torch.equal(_logits(model, tokens), base)  # nothing left after the with-block
+
+
+def _window_logits_or_skip(model, tokens, heads, window, sink, fwd_hooks=()):
+    """Logits with ``heads`` streaming; skips (after checking the error and that no hook stays)
+    on the model class that reports its pattern after using it."""
+    try:
+        with ablate_heads(model, heads, mode="window", window=window, sink=sink):
+            return _logits(model, tokens, fwd_hooks)
+    except tlg.TLGeometryError as exc:
+        assert "before it reports hook_pattern" in str(exc)
+        assert torch.equal(_logits(model, tokens), _logits(model, tokens))
+        pytest.skip("this model class cannot override attention patterns (TransformerLens 3.x bridge)")
+
+
+def test_window_keeps_the_sink_and_the_recent_keys(tiny_model):
+    tokens = random_tokens(1, 20)
+    seen = {}
+
+    def grab(pattern, hook):
+        seen["pattern"] = pattern.detach().clone()
+
+    _window_logits_or_skip(tiny_model, tokens, [(0, 1)], 3, 1, [("blocks.0.attn.hook_pattern", grab)])
+    rows = seen["pattern"][0, 1]
+    query, key = torch.arange(20)[:, None], torch.arange(20)[None, :]
+    outside = ~((key < 1) | ((key > query - 3) & (key <= query)))
+    assert rows[outside].abs().max() == 0
+    torch.testing.assert_close(rows.sum(-1), torch.ones(20))
+    assert (seen["pattern"][0, 0][outside] > 0).any()  # the other heads keep their whole context
+
+
+@pytest.mark.ill_typed
+@pytest.mark.parametrize("window, sink, fault", [(0, 4, "window must"), (64, -1, "sink must"), (2.5, 4, "window must"),
+                                                 (True, 4, "window must")])
+def test_bad_windows_are_refused(tiny_model, window, sink, fault):
+    with pytest.raises(tlg.TLGeometryError, match=fault):
+        ablate_heads(tiny_model, [(0, 1)], mode="window", window=window, sink=sink)

@@ -21,7 +21,7 @@ __all__ = ["RunConfig", "Queries", "Distance", "Ranking", "AblationMode", "Impor
 Queries = Literal["last", "all"]
 Distance = Literal["euclidean", "cosine"]
 Ranking = Literal["attention", "contribution"]
-AblationMode = Literal["zero", "mean", "sink"]
+AblationMode = Literal["zero", "mean", "sink", "window"]
 ImportanceMethod = Literal["magnitude", "entropy", "gradient", "random", "taxonomy"]
 # "auto" random rankings: at least this many draws per (window, head) in total.
 RANDOM_DRAWS = 16

@@ -17,7 +17,7 @@ from .adapters import hook_names
 from .errors import TLGeometryError
 
 __all__ = ["z_hook_name", "add_hooks", "remove_hooks", "foreign_hooks", "warn_hooks_left", "pattern_override_hooks",
-           "sink_redirect_hooks"]
+           "sink_redirect_hooks", "window_hooks"]
 
 # The handles tl_geometry attached and has not removed yet (ids of TransformerLens LensHandles):
 # its own ablation contexts are deliberate, not leftovers.
@@ -138,3 +138,45 @@ def sink_redirect_hooks(layer: int, heads: list[int]) -> list[tuple[str, Callabl
         return z
 
     return [(v_name, keep_v), (z_hook_name(layer), to_v0), (pattern_name, one_hot)]
+
+
+def window_hooks(layer: int, heads: list[int], window: int, sink: int) -> list[tuple[str, Callable]]:
+    """Hooks that restrict query ``heads`` of ``layer`` to StreamingLLM-style attention: the first
+    ``sink`` positions and the last ``window`` positions up to and including the query, the
+    weights renormalised over them, which is exactly softmax attention with the other keys'
+    scores masked. The heads' ``hook_z`` is recomputed from ``hook_v`` (exact on every model
+    class that reports ``hook_pattern`` before its head outputs; a clear error otherwise) and
+    ``hook_pattern`` shows the restricted rows to later observers."""
+    pattern_name, v_name = hook_names(layer)
+    index = torch.tensor(heads)
+    state: dict[str, Tensor] = {}
+
+    def keep_v(v: Tensor, hook=None) -> None:
+        state["v"] = v
+
+    def restrict(pattern: Tensor, hook=None) -> Tensor:
+        n_q, n_k = pattern.shape[-2:]
+        query = torch.arange(n_k - n_q, n_k, device=pattern.device)[:, None]
+        key = torch.arange(n_k, device=pattern.device)[None, :]
+        keep = (key < sink) | (key > query - window)
+        rows = pattern[:, index] * keep
+        rows = rows / rows.sum(-1, keepdim=True)
+        pattern = pattern.clone()
+        pattern[:, index] = rows.to(pattern.dtype)
+        state["rows"] = rows
+        return pattern
+
+    def recompute_z(z: Tensor, hook=None) -> Tensor:
+        if "rows" not in state:
+            raise TLGeometryError(
+                "this model computes the head outputs (hook_z) before it reports hook_pattern (the TransformerLens "
+                "3.x TransformerBridge), so attention cannot be restricted to a window; use TransformerLens 4.x or a "
+                "HookedTransformer."
+            )
+        rows, v = state.pop("rows"), state.pop("v")
+        v = v.repeat_interleave(z.shape[2] // v.shape[2], 2)[:, :, index]  # [batch, key, heads, d_head]
+        z = z.clone()
+        z[:, :, index] = torch.einsum("bhqk,bkhd->bqhd", rows.to(v.dtype), v).to(z.dtype)
+        return z
+
+    return [(v_name, keep_v), (pattern_name, restrict), (z_hook_name(layer), recompute_z)]

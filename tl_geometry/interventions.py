@@ -28,7 +28,7 @@ from torch import Tensor
 from .adapters import ModelInfo, attention_weights, describe_model, sequence_nll, stream_layers
 from .config import AblationMode, ImportanceMethod
 from .errors import TLGeometryError
-from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, z_hook_name
+from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, window_hooks, z_hook_name
 from .io import parse_heads, token_digest
 from .selection import top_order
 from .taxonomy import HeadTaxonomy
@@ -116,6 +116,8 @@ def ablate_heads(
     mode: AblationMode = "zero",
     reference_tokens: Int[Tensor, "batch pos"] | None = None,
     reference_mask: Int[Tensor, "batch pos"] | None = None,
+    window: int = 64,
+    sink: int = 4,
 ) -> HeadAblation:
     """Ablate query heads (individually, also under GQA), given in TransformerLens's conventions:
     ``[(layer, head), ...]``, ``["L3H4", ...]``, flat indices ``layer·n_heads + head`` (a list, or
@@ -125,10 +127,14 @@ def ablate_heads(
     Modes: ``"zero"`` sets the head's ``hook_z`` slice to 0; ``"mean"`` to its mean over the
     non-pad positions of ``reference_tokens``; ``"sink"`` redirects its attention entirely to
     position 0 (``hook_pattern`` one-hot on the first token, which must be the sink: use right
-    padding).
+    padding); ``"window"`` keeps only the first ``sink`` positions and the last ``window``
+    positions up to the query, renormalised (StreamingLLM-style attention: exactly the scores of
+    the other keys masked; right padding).
     """
     if mode not in ABLATION_MODES:
         raise TLGeometryError(f"mode must be one of {ABLATION_MODES}; got {mode!r}.")
+    if mode == "window":
+        check_window(window, sink)
     by_layer = _check_heads(model, heads)
     flat = [(layer, head) for layer, hs in by_layer.items() for head in hs]
     hooks: list[tuple[str, Callable]] = []
@@ -140,6 +146,8 @@ def ablate_heads(
         index = torch.tensor(hs)
         if mode == "sink":
             hooks += sink_redirect_hooks(layer, hs)
+        elif mode == "window":
+            hooks += window_hooks(layer, hs, window, sink)
         else:
             value = None if mode == "zero" else means[layer][index]
 
@@ -152,6 +160,19 @@ def ablate_heads(
     return HeadAblation(model, hooks, flat, mode)
 
 
+def check_window(window: int, sink: int, seq_len: int | None = None) -> None:
+    """Refuse a window that is not one: ``window ≥ 1``, ``sink ≥ 0`` integers, and (given the
+    sequence length) ``window + sink`` below it, where keeping them would keep every key."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise TLGeometryError(f"window must be an int ≥ 1 (the recent keys a streaming head keeps, the query "
+                              f"included); got {window!r}.")
+    if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0:
+        raise TLGeometryError(f"sink must be an int ≥ 0 (the first positions a streaming head keeps); got {sink!r}.")
+    if seq_len is not None and window + sink >= seq_len:
+        raise TLGeometryError(f"window + sink = {window + sink} keeps every key of {seq_len}-token windows: streaming "
+                              "would change nothing; use a smaller window or longer windows.")
+
+
 def ablate_regime(
     model: Any,
     taxonomy: HeadTaxonomy,
@@ -162,8 +183,11 @@ def ablate_regime(
     mode: AblationMode = "zero",
     reference_tokens: Tensor | None = None,
     reference_mask: Tensor | None = None,
+    window: int = 64,
+    sink: int = 4,
 ) -> HeadAblation:
-    """Ablate every head of ``regime`` (``"retriever" | "mixer" | "reset"``), or a seeded random ``k`` of them.
+    """Ablate every head of ``regime`` (``"retriever" | "mixer" | "reset"``), or a seeded random ``k`` of them
+    (modes and ``window``/``sink`` as in :func:`ablate_heads`).
     The taxonomy must have the model's grid of heads (another model's taxonomy is refused)."""
     info = describe_model(model)
     if tuple(taxonomy.shape) != (info.n_layers, info.n_heads):
@@ -177,7 +201,8 @@ def ablate_regime(
             raise TLGeometryError(f"k={k} is out of range: the taxonomy has {len(heads)} {regime} heads.")
         pick = torch.randperm(len(heads), generator=torch.Generator().manual_seed(seed))[:k].sort().values
         heads = [heads[i] for i in pick.tolist()]
-    return ablate_heads(model, heads, mode=mode, reference_tokens=reference_tokens, reference_mask=reference_mask)
+    return ablate_heads(model, heads, mode=mode, reference_tokens=reference_tokens, reference_mask=reference_mask,
+                        window=window, sink=sink)
 
 
 def mean_nll(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None,
