@@ -28,7 +28,14 @@ from torch import Tensor
 from .adapters import ModelInfo, attention_weights, describe_model, sequence_nll, stream_layers
 from .config import AblationMode, ImportanceMethod
 from .errors import TLGeometryError
-from .hooks import add_hooks, pattern_override_hooks, remove_hooks, sink_redirect_hooks, window_hooks, z_hook_name
+from .hooks import (
+    add_hooks,
+    pattern_override_hooks,
+    remove_hooks,
+    sink_redirect_hooks,
+    window_hooks,
+    z_hook_name,
+)
 from .io import parse_heads, token_digest
 from .selection import top_order
 from .taxonomy import HeadTaxonomy
