@@ -31,6 +31,7 @@ from .metrics import Separability, inversion_bounds, random_separability, separa
 from .models import load_model
 from .regime import RegimeFit, SinkAwareBounds, fit_regime, sink_aware_bounds
 from .sink import SinkGeometry, sink_geometry
+from .streaming import StreamingCurve, streaming_curve
 from .taxonomy import REGIMES, HeadTaxonomy
 
 __version__ = "0.1.0"
@@ -71,6 +72,8 @@ __all__ = [
     "ablate_regime",
     "head_importance",
     "pruning_curve",
+    "streaming_curve",
+    "StreamingCurve",
     "single_head_scan",
     "topn_deletion",
     # the modes of every public signature

@@ -28,7 +28,7 @@ from .io import head_name, parse_head
 from .taxonomy import REGIMES, HeadTaxonomy
 
 __all__ = ["REGIME_COLORS", "safe_text", "visible_token", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
-           "pruning_plot", "head_drilldown", "topn_plot", "comparison_figures"]
+           "pruning_plot", "streaming_plot", "head_drilldown", "topn_plot", "comparison_figures"]
 
 # Okabe–Ito colours: distinguishable with every common colour-vision deficiency (the test checks
 # them under a simulated deuteranopia).
@@ -340,6 +340,30 @@ def pruning_plot(curves) -> go.Figure:
                                  mode="lines+markers", line={"color": color, "width": 3 if method == "taxonomy" else 1.5}))
     fig.update_layout(title="Pruning: loss increase against heads kept", xaxis={"title": "retention", "autorange": "reversed"},
                       yaxis={"title": "ΔNLL (relative)"}, template="plotly_white", height=380)
+    return fig
+
+
+def streaming_plot(curve) -> go.Figure:
+    """Relative ΔNLL against the share of kv heads that stream (:class:`~tl_geometry.StreamingCurve`),
+    one line per order; the random orders' mean with their range as a band."""
+    fig = go.Figure()
+    x = list(curve.fractions)
+    if "random" in curve.delta_nll:
+        runs = curve.delta_nll["random"]
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=runs.amax(0).tolist() + runs.amin(0).tolist()[::-1], fill="toself",
+                                 line={"width": 0}, fillcolor="rgba(128,128,128,0.2)", hoverinfo="skip",
+                                 name=f"random (range of {runs.shape[0]} seeds)"))
+    for name in curve.delta_nll:
+        style = {"color": REGIME_COLORS["mixer"], "width": 3} if name == "taxonomy" else {"width": 1.5}
+        if name == "oracle":
+            style = {"color": "black", "dash": "dot", "width": 2}
+        fig.add_trace(go.Scatter(x=x, y=curve.mean_curve(name).tolist(), mode="lines+markers", line=style,
+                                 name=safe_text("random (mean)" if name == "random" else name)))
+    settings = curve.settings
+    fig.update_layout(title=safe_text(f"Streaming kv heads (sink {settings.get('sink')} + window {settings.get('window')} "
+                                      f"of {settings.get('seq_len')} tokens): loss against the share streamed"),
+                      xaxis={"title": "share of kv heads streaming", "range": [0, 1]},
+                      yaxis={"title": "ΔNLL (relative)"}, template="plotly_white", height=400)
     return fig
 
 
