@@ -435,3 +435,46 @@ def test_an_n1_gap_is_explained_only_when_it_shows(gap, said):
     lines = []
     _say_results(analysis, "last", lines.append)
     assert any("N=1 gap above 0" in line for line in lines) == said
+
+
+@pytest.mark.slow
+def test_stream_fills_the_run_and_its_report(capsys, smollm2, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "run"
+    assert main(["analyze", "--windows", "2", "--seq-len", "24", "--n", "1,2", "--repeats", "1", "--out", str(out),
+                 "--quiet"]) == 0
+    args = ["stream", str(out), "--windows", "1", "--seq-len", "32", "--window", "8", "--sink", "2",
+            "--orders", "taxonomy,random,oracle", "--fractions", "0.5,1", "--seeds", "1", "--quiet"]
+    assert main(args) == 0
+    table = pd.read_csv(out / "streaming.csv")
+    assert set(table["order"]) == {"taxonomy", "random", "oracle"} and set(table["fraction"]) == {0.5, 1.0}
+    at_one = table[table.fraction == 1.0]["delta_nll"]
+    assert at_one.nunique() == 1  # every order streams every kv head at fraction 1
+    assert not (out / "stream_checkpoint.json").exists()
+    assert "Streaming kv heads" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--orders", "taxonomy,magic"], "unknown streaming order 'magic'"),
+    (["--fractions", "0.5,1.5"], "--fractions must lie in (0, 1]"),
+    (["--window", "1020", "--seq-len", "1024"], "keeps every key of 1024-token windows"),
+    (["--window", "0"], "window must be an int ≥ 1"),
+    (["--sink", "-1"], "sink must be an int ≥ 0"),
+])
+def test_stream_refuses_bad_input_in_one_line(finished_run, capsys, flags, message):
+    before = snapshot(finished_run.path)
+    assert main(["stream", str(finished_run.path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert snapshot(finished_run.path) == before
+
+
+@pytest.mark.slow
+def test_stream_refuses_a_run_of_another_model(finished_run, capsys):
+    # the run's analysis is of a tiny model; its settings name SmolLM2
+    before = snapshot(finished_run.path)
+    assert main(["stream", str(finished_run.path), "--seq-len", "64", "--window", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass the analysis of this model" in err
+    assert snapshot(finished_run.path) == before

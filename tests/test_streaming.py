@@ -53,7 +53,8 @@ def test_the_oracle_is_each_kv_head_streamed_alone(model, tokens, curve):
 
 def test_to_dataframe_is_long(curve):
     frame = curve.to_dataframe()
-    assert list(frame.columns) == ["order", "seed", "fraction", "kv_heads_streamed", "delta_nll"]
+    assert list(frame.columns) == ["order", "seed", "fraction", "kv_heads_streamed", "delta_nll", "window", "sink",
+                                   "seq_len", "n_kv_total", "baseline_nll"]
     assert len(frame) == 3 * (len(curve.delta_nll) - 1) + 2 * 3
     assert sorted(frame.kv_heads_streamed.unique().tolist()) == [1, 2, 4]
 
@@ -109,3 +110,12 @@ def test_another_models_analysis_is_refused(model, tokens):
                                     {"model": "other"})
     with pytest.raises(tlg.TLGeometryError, match="analysis of this model"):
         streaming_curve(model, tokens, other, window=4, sink=1, orders=("taxonomy",), progress=False)
+
+
+def test_the_table_gives_the_curves_back(curve):
+    from tl_geometry.streaming import StreamingCurve
+
+    again = StreamingCurve.from_dataframe(curve.to_dataframe())
+    assert again.fractions == curve.fractions and again.settings["window"] == 4
+    assert all(torch.equal(again.delta_nll[k], curve.delta_nll[k]) for k in curve.delta_nll)
+    assert again.area_to_oracle() == curve.area_to_oracle()

@@ -98,7 +98,8 @@ def _report_parts(run: RunFolder, say=print) -> dict:
     analysis = run.read_analysis()
     extras, foreign = run.read_report_extras(analysis)
     if foreign:
-        say(f"left out of the report: {', '.join(foreign)} (computed from an earlier analysis; rerun tl-geometry prune)")
+        say(f"left out of the report: {', '.join(foreign)} (computed from an earlier analysis; rerun tl-geometry prune "
+            "or stream)")
     settings = analysis.geometry.settings
     title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
     return dict(analysis=analysis, title=title, drilldowns=run.read_drilldowns(), **extras)
@@ -316,6 +317,66 @@ def _prune(args: argparse.Namespace) -> None:
         print(report.resolve())
 
 
+def _stream(args: argparse.Namespace) -> None:
+    from .adapters import describe_model
+    from .corpus import load_corpus, make_windows
+    from .interventions import check_window
+    from .models import load_model
+    from .streaming import STREAMING_ORDERS, streaming_curve
+
+    for flag in ("--windows", "--seq-len", "--seeds"):
+        _positive(flag, getattr(args, flag[2:].replace("-", "_")))
+    check_window(args.window, args.sink, args.seq_len)
+    orders = tuple(args.orders.split(","))
+    unknown = [name for name in orders if name not in STREAMING_ORDERS]
+    if unknown:
+        raise TLGeometryError(f"unknown streaming order {unknown[0]!r}: use some of {','.join(STREAMING_ORDERS)}")
+    fractions = _parse_fractions(args.fractions)
+    run = RunFolder(args.run)
+    analysis = run.read_analysis()
+    run.check_writable()
+    run_id = analysis.geometry.settings.get("run_id")
+    say = (lambda *a: None) if args.quiet else print
+    settings = run.read_settings()
+    name = args.model or settings.get("cli_model")
+    if not isinstance(name, str):
+        raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
+    _check_model_name(name)
+    corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
+    start = time.perf_counter()
+    model = load_model(name)
+    info = describe_model(model)
+    if tuple(analysis.taxonomy.shape) != (info.n_layers, info.n_heads):  # before the folder is touched
+        raise TLGeometryError(f"the analysis has {analysis.taxonomy.shape[0]}×{analysis.taxonomy.shape[1]} heads "
+                              f"(model {analysis.taxonomy.settings.get('model', '?')!r}) but {name} has "
+                              f"{info.n_layers}×{info.n_heads}: pass the analysis of this model (or --model)")
+    # Held-out windows: another seed than the analysis and the pruning curves.
+    held = make_windows(model, corpus, args.seq_len, args.windows, int(settings.get("seed", 0)) + 2).tokens
+    with run.writing():  # one writer: another stream, prune or analysis of this folder is refused
+        run.verify()
+        curve = streaming_curve(model, held, analysis, fractions=fractions, window=args.window, sink=args.sink,
+                                orders=orders, seeds=args.seeds, checkpoint=run.stream_checkpoint, types=analysis.head_types,
+                                progress=not args.quiet)
+        path = run.write_derived("streaming.csv", curve.to_dataframe(), run_id)
+        run.stream_checkpoint.unlink(missing_ok=True)
+        say(f"streaming curves ({held.shape[0]} held-out windows x {held.shape[1]} tokens) in {path}")
+        for order, area in curve.area_to_oracle().items():
+            say(f"  {order}: area above the oracle {area:+.4f}")
+        report = _write_report(run, say)
+        say(f"done in {time.perf_counter() - start:.0f}s")
+        print(report.resolve())
+
+
+def _parse_fractions(text: str) -> tuple[float, ...]:
+    try:
+        fractions = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise TLGeometryError(f"--fractions must be numbers in (0, 1] separated by commas; got {text!r}") from None
+    if not all(0 < f <= 1 for f in fractions):
+        raise TLGeometryError(f"--fractions must lie in (0, 1] (the share of kv heads that stream); got {text!r}")
+    return fractions
+
+
 def _report(args: argparse.Namespace) -> None:
     run = RunFolder(args.run)
     parts = _report_parts(run, lambda *a: print(*a, file=sys.stderr))  # every file read before anything is written
@@ -416,6 +477,22 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--quiet", action="store_true", help="print only the report path")
     prune.set_defaults(handler=_prune,
                        interrupted="rerun the same command: the single-head scan continues from its checkpoint")
+    stream = sub.add_parser("stream", help="which kv heads can keep only the sink and a recent window: streaming "
+                            "curves per order for a finished run (SmolLM2 defaults: about 12 min on 2 cores)",
+                            formatter_class=fmt)
+    stream.add_argument("run", help="run folder written by tl-geometry analyze")
+    stream.add_argument("--windows", type=int, default=1, help="held-out windows the loss is measured on")
+    stream.add_argument("--seq-len", type=int, default=1024, help="tokens per held-out window (the paper's length)")
+    stream.add_argument("--window", type=int, default=64, help="recent keys a streaming head keeps, the query included")
+    stream.add_argument("--sink", type=int, default=4, help="first positions a streaming head keeps")
+    stream.add_argument("--orders", default="taxonomy,echo_induction,entropy,random,oracle",
+                        help="orders to measure, comma-separated (the oracle costs one evaluation per kv head)")
+    stream.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
+                        help="shares of kv heads that stream, comma-separated, in (0, 1]")
+    stream.add_argument("--seeds", type=int, default=3, help="random orders")
+    stream.add_argument("--model", default=None, help="model name when the run's settings do not say")
+    stream.add_argument("--quiet", action="store_true", help="print only the report path")
+    stream.set_defaults(handler=_stream, interrupted="rerun the same command: it continues from its checkpoint")
     report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results",
                             formatter_class=fmt)
     report.add_argument("run", help="run folder written by tl-geometry analyze")

@@ -82,6 +82,7 @@ def build_report(
     pruning=None,
     scan=None,
     topn: list | None = None,
+    streaming=None,
     drilldowns: list[go.Figure] | None = None,
 ) -> str:
     """The report as an HTML string: settings, claims C1–C11 beside the paper's, every figure."""
@@ -105,6 +106,8 @@ def build_report(
         figures.append(("Pruning curves", plots.pruning_plot(pruning), False))
     if topn:
         figures.append(("Top-N attention deletion", plots.topn_plot(topn), False))
+    if streaming is not None:
+        figures.append(("Streaming kv heads (sink + recent window), by order", plots.streaming_plot(streaming), False))
     for fig in drilldowns or []:
         figures.append(("Inside one head", fig, False))
 

@@ -10,6 +10,7 @@ A run folder holds one analysis and what was derived from it::
     drilldown_<regime>.json       head drill-down figures
     checkpoint.safetensors        an interrupted analysis (removed once it has finished)
     pruning.csv, single_head_scan.csv, topn.csv, scan_checkpoint.json   from ``tl-geometry prune``
+    streaming.csv, stream_checkpoint.json                                from ``tl-geometry stream``
     derived.json                  the run_id each derived table was computed from
     report.html
     manifest.json                 every result file of the analysis with its size and SHA-256, written last
@@ -62,6 +63,7 @@ DERIVED_TABLES = {
     "pruning.csv": ("method", "retention", "delta_nll"),
     "single_head_scan.csv": ("layer", "head", "name", "delta_nll"),
     "topn.csv": ("n", "delta_nll", "renormalise"),
+    "streaming.csv": ("order", "seed", "fraction", "delta_nll", "window", "sink", "seq_len", "n_kv_total", "baseline_nll"),
 }
 
 
@@ -71,7 +73,7 @@ RESULT_FILES = ("geometry.safetensors", "taxonomy.safetensors", "settings.json",
 
 
 # Columns of the derived tables that hold text; every other named column holds numbers.
-_TEXT_COLUMNS = ("method", "name")
+_TEXT_COLUMNS = ("method", "name", "order")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,10 @@ class RunFolder:
     @property
     def scan_checkpoint(self) -> Path:
         return self.path / "scan_checkpoint.json"
+
+    @property
+    def stream_checkpoint(self) -> Path:
+        return self.path / "stream_checkpoint.json"
 
     @property
     def report(self) -> Path:
@@ -272,7 +278,8 @@ class RunFolder:
         if analysis.head_types is not None:
             analysis.head_types.save(self.path / HEAD_TYPES_FILE)
             written.append(HEAD_TYPES_FILE)
-        for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.scan_checkpoint.name]:
+        for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.scan_checkpoint.name,
+                      self.stream_checkpoint.name]:
             (self.path / stale).unlink(missing_ok=True)
         for regime, figure in drilldowns.items():
             self._write_text(self.drilldown(regime), figure)
@@ -366,9 +373,11 @@ class RunFolder:
 
     def read_report_extras(self, analysis: Analysis) -> tuple[dict[str, Any], list[str]]:
         """The derived results of ``analysis`` as the report takes them (``pruning`` DataFrame,
-        ``scan`` ``[layer, head]`` tensor, ``topn`` list of ``TopNDeletion``), and the names of the
-        tables present that belong to another analysis."""
+        ``scan`` ``[layer, head]`` tensor, ``topn`` list of ``TopNDeletion``, ``streaming``
+        :class:`~tl_geometry.StreamingCurve`), and the names of the tables present that belong to
+        another analysis."""
         from .interventions import TopNDeletion
+        from .streaming import StreamingCurve
 
         tables, foreign = self.read_derived(analysis.geometry.settings.get("run_id"))
         extras: dict[str, Any] = {}
@@ -380,6 +389,8 @@ class RunFolder:
             extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].tolist(), dtype=torch.float64),
                                            float("nan"), bool(renorm), {})
                               for renorm, part in tables["topn.csv"].groupby("renormalise")]
+        if "streaming.csv" in tables:
+            extras["streaming"] = StreamingCurve.from_dataframe(tables["streaming.csv"])
         return extras, foreign
 
     def _scan_tensor(self, frame: pd.DataFrame, shape: tuple[int, int]) -> Tensor:

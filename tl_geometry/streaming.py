@@ -111,7 +111,7 @@ class StreamingCurve:
 
     def to_dataframe(self):
         """Long format: ``order, seed, fraction, kv_heads_streamed, delta_nll`` (seed 0 except for
-        the random order)."""
+        the random order), with the run's ``window, sink, seq_len, n_kv_total, baseline_nll``."""
         import pandas as pd
 
         n_kv = self.settings["n_kv_total"]
@@ -122,7 +122,24 @@ class StreamingCurve:
                 for fraction, value in zip(self.fractions, values, strict=True):
                     rows.append({"order": name, "seed": seed, "fraction": fraction,
                                  "kv_heads_streamed": _count(fraction, n_kv), "delta_nll": value})
-        return pd.DataFrame(rows)
+        frame = pd.DataFrame(rows)
+        for key in ("window", "sink", "seq_len", "n_kv_total"):
+            frame[key] = self.settings[key]
+        frame["baseline_nll"] = self.baseline_nll
+        return frame
+
+    @classmethod
+    def from_dataframe(cls, frame) -> StreamingCurve:
+        """The curves of a :meth:`to_dataframe` table (the orders and needs are not in it)."""
+        fractions = tuple(sorted(float(f) for f in frame["fraction"].unique()))
+        delta = {}
+        for name, part in frame.groupby("order", sort=False):
+            table = part.pivot_table(index="seed", columns="fraction", values="delta_nll").reindex(columns=fractions)
+            values = torch.tensor(table.to_numpy(), dtype=torch.float64)
+            delta[str(name)] = values if name == "random" else values[0]
+        first = frame.iloc[0]
+        settings = {key: int(first[key]) for key in ("window", "sink", "seq_len", "n_kv_total")}
+        return cls(fractions, delta, {}, {}, float(first["baseline_nll"]), settings)
 
 
 def _count(fraction: float, n_kv: int) -> int:
