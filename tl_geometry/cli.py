@@ -258,8 +258,31 @@ def _analyze(args: argparse.Namespace) -> None:
         print(report.resolve())
 
 
+def _finished_run(args: argparse.Namespace):
+    """A finished run folder that a derived job (prune, stream) may write to, checked before any
+    model loads: the folder, its analysis, the model name (``--model`` or the run's settings), the
+    run's seed and its corpus."""
+    from .corpus import load_corpus
+
+    run = RunFolder(args.run)
+    analysis = run.read_analysis()
+    run.check_writable()
+    settings = run.read_settings()
+    name = args.model or settings.get("cli_model")
+    if not isinstance(name, str):
+        raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
+    _check_model_name(name)
+    try:
+        seed = int(settings.get("seed", 0))
+    except (TypeError, ValueError):
+        raise TLGeometryError(f"{run.settings}: seed {settings.get('seed')!r} is not an integer; fix it or rerun "
+                              "tl-geometry analyze") from None
+    corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
+    return run, analysis, name, seed, corpus
+
+
 def _prune(args: argparse.Namespace) -> None:
-    from .corpus import load_corpus, make_windows
+    from .corpus import make_windows
     from .interventions import (
         IMPORTANCE_METHODS,
         head_importance,
@@ -273,22 +296,9 @@ def _prune(args: argparse.Namespace) -> None:
         _positive(flag, getattr(args, flag[2:].replace("-", "_")))
     if args.seq_len < 2 or args.scan_seq_len < 2:
         raise TLGeometryError("--seq-len and --scan-seq-len must be ≥ 2 (BOS and at least one token)")
-    run = RunFolder(args.run)
-    analysis = run.read_analysis()
-    run.check_writable()
+    run, analysis, name, seed, corpus = _finished_run(args)
     run_id = analysis.geometry.settings.get("run_id")
     say = (lambda *a: None) if args.quiet else print
-    settings = run.read_settings()
-    name = args.model or settings.get("cli_model")
-    if not isinstance(name, str):
-        raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
-    _check_model_name(name)
-    try:
-        seed = int(settings.get("seed", 0))
-    except (TypeError, ValueError):
-        raise TLGeometryError(f"{run.settings}: seed {settings.get('seed')!r} is not an integer; fix it or rerun "
-                              "tl-geometry analyze") from None
-    corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
     start = time.perf_counter()
     model = load_model(name)
     # Held-out windows: another seed than the analysis, same length.
@@ -319,7 +329,7 @@ def _prune(args: argparse.Namespace) -> None:
 
 def _stream(args: argparse.Namespace) -> None:
     from .adapters import describe_model
-    from .corpus import load_corpus, make_windows
+    from .corpus import make_windows
     from .interventions import check_window
     from .models import load_model
     from .streaming import STREAMING_ORDERS, streaming_curve
@@ -332,17 +342,9 @@ def _stream(args: argparse.Namespace) -> None:
     if unknown:
         raise TLGeometryError(f"unknown streaming order {unknown[0]!r}: use some of {','.join(STREAMING_ORDERS)}")
     fractions = _parse_fractions(args.fractions)
-    run = RunFolder(args.run)
-    analysis = run.read_analysis()
-    run.check_writable()
+    run, analysis, name, seed, corpus = _finished_run(args)
     run_id = analysis.geometry.settings.get("run_id")
     say = (lambda *a: None) if args.quiet else print
-    settings = run.read_settings()
-    name = args.model or settings.get("cli_model")
-    if not isinstance(name, str):
-        raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
-    _check_model_name(name)
-    corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
     start = time.perf_counter()
     model = load_model(name)
     info = describe_model(model)
@@ -351,7 +353,7 @@ def _stream(args: argparse.Namespace) -> None:
                               f"(model {analysis.taxonomy.settings.get('model', '?')!r}) but {name} has "
                               f"{info.n_layers}×{info.n_heads}: pass the analysis of this model (or --model)")
     # Held-out windows: another seed than the analysis and the pruning curves.
-    held = make_windows(model, corpus, args.seq_len, args.windows, int(settings.get("seed", 0)) + 2).tokens
+    held = make_windows(model, corpus, args.seq_len, args.windows, seed + 2).tokens
     with run.writing():  # one writer: another stream, prune or analysis of this folder is refused
         run.verify()
         curve = streaming_curve(model, held, analysis, fractions=fractions, window=args.window, sink=args.sink,

@@ -88,26 +88,43 @@ def pattern_override_hooks(layer: int, fn: Callable[[Tensor], Tensor]) -> list[t
     pattern. The 3.x TransformerBridge fires ``hook_pattern`` only after the head outputs (it
     reports the pattern, it does not use it); there the hooks raise a clear error.
     """
+    return _row_override_hooks(layer, None, fn, "an attention pattern cannot be overridden")
+
+
+def _row_override_hooks(layer: int, heads: list[int] | None, fn: Callable[[Tensor], Tensor],
+                        refused: str) -> list[tuple[str, Callable]]:
+    """Hooks that replace the attention rows of query ``heads`` of ``layer`` (every head: None) by
+    ``fn(rows)`` ``[batch, heads, query, key]`` and recompute those heads' ``hook_z`` from
+    ``hook_v``; where ``hook_z`` fires before ``hook_pattern`` they raise, saying ``refused``."""
     pattern_name, v_name = hook_names(layer)
+    index = None if heads is None else torch.tensor(heads)
     state: dict[str, Tensor] = {}
 
     def keep_v(v: Tensor, hook=None) -> None:
         state["v"] = v
 
     def override(pattern: Tensor, hook=None) -> Tensor:
-        state["pattern"] = fn(pattern)
-        return state["pattern"]
+        if index is None:
+            state["rows"] = fn(pattern)
+            return state["rows"]
+        state["rows"] = fn(pattern[:, index])
+        pattern = pattern.clone()
+        pattern[:, index] = state["rows"].to(pattern.dtype)
+        return pattern
 
     def recompute_z(z: Tensor, hook=None) -> Tensor:
-        if "pattern" not in state:
+        if "rows" not in state:
             raise TLGeometryError(
-                "this model computes the head outputs (hook_z) before it reports hook_pattern (the TransformerLens "
-                "3.x TransformerBridge), so an attention pattern cannot be overridden; use TransformerLens 4.x or a "
-                "HookedTransformer."
+                f"this model computes the head outputs (hook_z) before it reports hook_pattern (the TransformerLens "
+                f"3.x TransformerBridge), so {refused}; use TransformerLens 4.x or a HookedTransformer."
             )
-        pattern, v = state.pop("pattern"), state.pop("v")
-        v = v.repeat_interleave(pattern.shape[1] // v.shape[2], 2)  # [batch, key, head, d_head]
-        return torch.einsum("bhqk,bkhd->bqhd", pattern.to(v.dtype), v).to(z.dtype)
+        rows, v = state.pop("rows"), state.pop("v")
+        v = v.repeat_interleave(z.shape[2] // v.shape[2], 2)  # [batch, key, head, d_head]
+        if index is None:
+            return torch.einsum("bhqk,bkhd->bqhd", rows.to(v.dtype), v).to(z.dtype)
+        z = z.clone()
+        z[:, :, index] = torch.einsum("bhqk,bkhd->bqhd", rows.to(v.dtype), v[:, :, index]).to(z.dtype)
+        return z
 
     return [(v_name, keep_v), (pattern_name, override), (z_hook_name(layer), recompute_z)]
 
@@ -147,36 +164,12 @@ def window_hooks(layer: int, heads: list[int], window: int, sink: int) -> list[t
     scores masked. The heads' ``hook_z`` is recomputed from ``hook_v`` (exact on every model
     class that reports ``hook_pattern`` before its head outputs; a clear error otherwise) and
     ``hook_pattern`` shows the restricted rows to later observers."""
-    pattern_name, v_name = hook_names(layer)
-    index = torch.tensor(heads)
-    state: dict[str, Tensor] = {}
 
-    def keep_v(v: Tensor, hook=None) -> None:
-        state["v"] = v
+    def restrict(rows: Tensor) -> Tensor:
+        n_q, n_k = rows.shape[-2:]
+        query = torch.arange(n_k - n_q, n_k, device=rows.device)[:, None]
+        key = torch.arange(n_k, device=rows.device)[None, :]
+        rows = rows * ((key < sink) | (key > query - window))
+        return rows / rows.sum(-1, keepdim=True)
 
-    def restrict(pattern: Tensor, hook=None) -> Tensor:
-        n_q, n_k = pattern.shape[-2:]
-        query = torch.arange(n_k - n_q, n_k, device=pattern.device)[:, None]
-        key = torch.arange(n_k, device=pattern.device)[None, :]
-        keep = (key < sink) | (key > query - window)
-        rows = pattern[:, index] * keep
-        rows = rows / rows.sum(-1, keepdim=True)
-        pattern = pattern.clone()
-        pattern[:, index] = rows.to(pattern.dtype)
-        state["rows"] = rows
-        return pattern
-
-    def recompute_z(z: Tensor, hook=None) -> Tensor:
-        if "rows" not in state:
-            raise TLGeometryError(
-                "this model computes the head outputs (hook_z) before it reports hook_pattern (the TransformerLens "
-                "3.x TransformerBridge), so attention cannot be restricted to a window; use TransformerLens 4.x or a "
-                "HookedTransformer."
-            )
-        rows, v = state.pop("rows"), state.pop("v")
-        v = v.repeat_interleave(z.shape[2] // v.shape[2], 2)[:, :, index]  # [batch, key, heads, d_head]
-        z = z.clone()
-        z[:, :, index] = torch.einsum("bhqk,bkhd->bqhd", rows.to(v.dtype), v).to(z.dtype)
-        return z
-
-    return [(v_name, keep_v), (pattern_name, restrict), (z_hook_name(layer), recompute_z)]
+    return _row_override_hooks(layer, heads, restrict, "attention cannot be restricted to a window")
