@@ -71,8 +71,8 @@ def scratch(n_k, d, m):
     """Fresh :class:`Scratch` for rows of ``n_k`` keys, ``d``-dimensional values and best-``m`` lists."""
     dist, cell = np.zeros(n_k), np.zeros(1)
     return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), dist, np.zeros(n_k),
-                   dist.view(np.int64), cell, cell.view(np.int64), np.zeros(d), np.zeros(m), np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k),
-                   np.zeros(n_k), np.zeros(2))
+                   dist.view(np.int64), cell, cell.view(np.int64), np.zeros(d), np.zeros(m),
+                   np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k), np.zeros(n_k), np.zeros(2))
 
 
 class Step(NamedTuple):
@@ -472,7 +472,7 @@ def _grow_pairs(gram, b, kv, order, lo, hi, pair_range):
 
 
 @njit(**_INLINE)
-def certify_rows(cert, values, rule, at, s, order, j, n_cand):
+def certify_rows(cert, values, rule, at, s, order, j):
     """Theorem 3's certificates of the top-N set ``order[:n]``, ``n = rule.ns[j]``: Lemma 2 with
     the row's own statistics (exact ``‖v_k‖²``, ``s.pair_range`` and ``s.reach``, read from the
     working-dtype Gram matrix and widened by ``gram_err``, Lemma 5), Theorem 1's slacks. Called
