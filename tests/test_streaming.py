@@ -10,12 +10,12 @@ from tl_geometry.interventions import ablate_heads, mean_nll
 from tl_geometry.streaming import kv_head_needs, streaming_curve, taxonomy_need
 from tl_geometry.taxonomy import HeadTaxonomy
 
-from .tiny import random_tokens, tiny_bridge
+from .tiny import random_tokens, tiny_streamable
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_bridge(4, 2, n_layers=2)
+    return tiny_streamable(4, 2, n_layers=2)
 
 
 @pytest.fixture(scope="module")

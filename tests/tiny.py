@@ -49,6 +49,16 @@ def tiny_model(n_heads: int = 4, n_kv_heads: int | None = 2, n_layers: int = 3, 
     return tiny_bridge(n_heads, n_kv_heads, n_layers, seed)
 
 
+def tiny_streamable(n_heads: int = 4, n_kv_heads: int | None = 2, n_layers: int = 3, seed: int = 0):
+    """A tiny random model whose attention patterns can be overridden: a HookedTransformer where
+    this TransformerLens has one (2.x/3.x: the 3.x bridge reports its pattern after using it),
+    else the 4.x bridge."""
+    try:
+        return tiny_hooked(n_heads, n_kv_heads, n_layers, seed)
+    except pytest.skip.Exception:
+        return tiny_bridge(n_heads, n_kv_heads, n_layers, seed)
+
+
 MODEL_FACTORIES = {
     "bridge-gqa": lambda: tiny_bridge(4, 2),
     "bridge-mqa": lambda: tiny_bridge(4, 1),
