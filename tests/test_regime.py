@@ -360,11 +360,12 @@ def test_the_informative_family_is_informative():
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 100_000), pos=st.integers(2, 10), d=st.sampled_from([2, 4, 16]),
-       shared=st.floats(0.0, 0.95), temperature=st.floats(0.0, 8.0), exclude_sink=st.booleans())
+@given(seed=st.integers(0, 100_000), pos=st.integers(2, 10), d=st.sampled_from([4, 16]),
+       shared=st.floats(0.0, 0.9), temperature=st.floats(0.0, 8.0), exclude_sink=st.booleans())
 def test_theorem_3_equals_the_loop_oracle(seed, pos, d, shared, temperature, exclude_sink):
     # the per-row form alone against tests/oracle.py's float64 loops (no slacks: in float64 they
-    # are ~1e-13 of the margins, which these inputs do not approach)
+    # are ~1e-13 of the margins, which random values in d ≥ 4 do not approach; in d = 2 these
+    # inputs put every non-sink value on one line, where exact ties are decided by the slacks)
     from unittest import mock
 
     import tl_geometry.regime as regime
@@ -376,6 +377,8 @@ def test_theorem_3_equals_the_loop_oracle(seed, pos, d, shared, temperature, exc
     with mock.patch.object(regime, "_THEOREMS", {"theorem_3": "rows"}):
         bound = sink_aware_bounds(pattern, v, ns, exclude_sink=exclude_sink)
     p, r = oracle_row_bounds(pattern, v, ns, exclude_sink=exclude_sink)
+    defined = ~torch.isnan(p)
+    assert (bound.precision[defined] <= p[defined]).all() and (bound.recall[defined] <= r[defined]).all()
     torch.testing.assert_close(bound.precision, p, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(bound.recall, r, rtol=0, atol=0, equal_nan=True)
 
