@@ -330,28 +330,21 @@ def _prune(args: argparse.Namespace) -> None:
 def _stream(args: argparse.Namespace) -> None:
     from .adapters import describe_model
     from .corpus import make_windows
-    from .interventions import check_window
     from .models import load_model
-    from .streaming import STREAMING_ORDERS, streaming_curve
+    from .streaming import check_streaming_arguments, streaming_curve
 
     for flag in ("--windows", "--seq-len", "--seeds"):
         _positive(flag, getattr(args, flag[2:].replace("-", "_")))
-    check_window(args.window, args.sink, args.seq_len)
     orders = tuple(args.orders.split(","))
-    unknown = [name for name in orders if name not in STREAMING_ORDERS]
-    if unknown:
-        raise TLGeometryError(f"unknown streaming order {unknown[0]!r}: use some of {','.join(STREAMING_ORDERS)}")
     fractions = _parse_fractions(args.fractions)
+    check_streaming_arguments(args.seq_len, fractions, orders, args.window, args.sink, args.seeds)
     run, analysis, name, seed, corpus = _finished_run(args)
     run_id = analysis.geometry.settings.get("run_id")
     say = (lambda *a: None) if args.quiet else print
     start = time.perf_counter()
     model = load_model(name)
-    info = describe_model(model)
-    if tuple(analysis.taxonomy.shape) != (info.n_layers, info.n_heads):  # before the folder is touched
-        raise TLGeometryError(f"the analysis has {analysis.taxonomy.shape[0]}×{analysis.taxonomy.shape[1]} heads "
-                              f"(model {analysis.taxonomy.settings.get('model', '?')!r}) but {name} has "
-                              f"{info.n_layers}×{info.n_heads}: pass the analysis of this model (or --model)")
+    info = describe_model(model)  # before the folder is touched
+    analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
     # Held-out windows: another seed than the analysis and the pruning curves.
     held = make_windows(model, corpus, args.seq_len, args.windows, seed + 2).tokens
     with run.writing():  # one writer: another stream, prune or analysis of this folder is refused

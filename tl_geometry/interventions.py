@@ -197,11 +197,7 @@ def ablate_regime(
     (modes and ``window``/``sink`` as in :func:`ablate_heads`).
     The taxonomy must have the model's grid of heads (another model's taxonomy is refused)."""
     info = describe_model(model)
-    if tuple(taxonomy.shape) != (info.n_layers, info.n_heads):
-        raise TLGeometryError(
-            f"the taxonomy has {taxonomy.shape[0]}×{taxonomy.shape[1]} heads (model "
-            f"{taxonomy.settings.get('model', '?')!r}) but this model has {info.n_layers}×{info.n_heads}: "
-            "use the taxonomy of an analysis of this model.")
+    taxonomy.check_fits(info.n_layers, info.n_heads, "use the taxonomy of an analysis of this model")
     heads = taxonomy.heads(regime)
     if k is not None:
         if not 0 <= k <= len(heads):

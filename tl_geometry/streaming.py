@@ -40,7 +40,8 @@ from .interventions import ablate_heads, check_window, head_importance, mean_nll
 from .io import token_digest
 from .taxonomy import HeadTaxonomy
 
-__all__ = ["StreamingOrder", "STREAMING_ORDERS", "StreamingCurve", "streaming_curve", "kv_head_needs", "kv_name"]
+__all__ = ["StreamingOrder", "STREAMING_ORDERS", "StreamingCurve", "streaming_curve", "check_streaming_arguments",
+           "kv_head_needs", "kv_name"]
 
 StreamingOrder = Literal["taxonomy", "echo_induction", "entropy", "random", "oracle"]
 STREAMING_ORDERS: tuple[str, ...] = get_args(StreamingOrder)
@@ -146,8 +147,9 @@ def _count(fraction: float, n_kv: int) -> int:
     return round(fraction * n_kv)
 
 
-def _check_arguments(info: ModelInfo, tokens: Tensor, fractions, orders, window, sink, seeds) -> None:
-    check_window(window, sink, tokens.shape[-1])
+def check_streaming_arguments(seq_len: int, fractions, orders, window, sink, seeds) -> None:
+    """Refuse what :func:`streaming_curve` cannot measure, in one line each (before any model work)."""
+    check_window(window, sink, seq_len)
     unknown = [name for name in orders if name not in STREAMING_ORDERS]
     if unknown or not orders:
         raise TLGeometryError(f"unknown streaming order {unknown[0] if unknown else 'none'!r}: use some of "
@@ -224,16 +226,13 @@ def streaming_curve(
 
     info = describe_model(model)
     orders = tuple(dict.fromkeys(orders))
-    _check_arguments(info, tokens, fractions, orders, window, sink, seeds)
+    check_streaming_arguments(tokens.shape[-1], fractions, orders, window, sink, seeds)
     taxonomy = getattr(analysis, "taxonomy", analysis)
     if "taxonomy" in orders:
         if not isinstance(taxonomy, HeadTaxonomy):
             raise TLGeometryError("the taxonomy order needs the analysis of this model: pass tlg.analyze(model, ...) "
                                   "(or its taxonomy) as analysis, or leave 'taxonomy' out of orders.")
-        if tuple(taxonomy.shape) != (info.n_layers, info.n_heads):
-            raise TLGeometryError(f"the analysis has {taxonomy.shape[0]}×{taxonomy.shape[1]} heads (model "
-                                  f"{taxonomy.settings.get('model', '?')!r}) but this model has {info.n_layers}×"
-                                  f"{info.n_heads}: pass the analysis of this model.")
+        taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model")
     n_kv = info.n_layers * info.n_kv_heads
     needs: dict[str, Tensor] = {}
     if "taxonomy" in orders:

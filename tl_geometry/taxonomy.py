@@ -147,6 +147,13 @@ class HeadTaxonomy:
     def shape(self) -> tuple[int, int]:
         return tuple(self.votes.shape[:2])
 
+    def check_fits(self, n_layers: int, n_heads: int, fix: str) -> None:
+        """Refuse a model whose grid of heads is not this taxonomy's (another model's votes would
+        be read as this one's); ``fix`` ends the one-line error."""
+        if tuple(self.shape) != (n_layers, n_heads):
+            raise TLGeometryError(f"the taxonomy has {self.shape[0]}×{self.shape[1]} heads (model "
+                                  f"{self.settings.get('model', '?')!r}) but this model has {n_layers}×{n_heads}: {fix}.")
+
     def heads(self, regime: str) -> list[tuple[int, int]]:
         """``(layer, head)`` of every head labelled ``regime``, in layer-major order."""
         if regime not in REGIMES:
