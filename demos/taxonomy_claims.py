@@ -39,11 +39,15 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--windows", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--corpora", nargs="+", default=list(CORPORA),
+                        help="offline corpora whose labels are compared (the first one's are detailed)")
+    parser.add_argument("--also-seq-len", type=int, default=None,
+                        help="also label the first corpus at this window length, and compare the labels")
     args = parser.parse_args()
     start = time.perf_counter()
     model = tlg.load_model(args.model)
-    runs = {}
-    for corpus in CORPORA:
+    runs, corpora = {}, args.corpora
+    for corpus in corpora:
         windows = make_windows(model, load_corpus(corpus), args.seq_len, args.windows, seed=0)
         runs[corpus] = tlg.analyze(model, windows.tokens, repeats=0, bootstrap=200)
     print(f"## {args.model} — {args.windows} windows × {args.seq_len} tokens per corpus, "
@@ -52,15 +56,25 @@ def main() -> None:
     for corpus, res in runs.items():
         overall = res.taxonomy.fractions().iloc[-1]
         print(f"| {corpus} | {_pct(overall['retriever'])} | {_pct(overall['mixer'])} | {_pct(overall['reset'])} |")
-    first, second = (runs[c].taxonomy for c in CORPORA)
-    stats = first.agreement(second)
-    print(f"\nLabel agreement between corpora: {_pct(stats['agreement'])} of heads, Cohen's κ = {stats['kappa']:.2f}.\n")
-    print("Per layer (python-reference): share of retriever / mixer / reset heads\n")
+    first = runs[corpora[0]].taxonomy
+    print()
+    for other in corpora[1:]:
+        stats = first.agreement(runs[other].taxonomy)
+        print(f"Label agreement between {corpora[0]} and {other}: {_pct(stats['agreement'])} of heads, "
+              f"Cohen's κ = {stats['kappa']:.2f}.\n")
+    if args.also_seq_len:
+        # the same corpus and as many tokens at another window length: do the labels depend on it?
+        n_windows = max(1, args.windows * args.seq_len // args.also_seq_len)
+        windows = make_windows(model, load_corpus(corpora[0]), args.also_seq_len, n_windows, seed=0)
+        stats = first.agreement(tlg.analyze(model, windows.tokens, repeats=0, bootstrap=200, progress=False).taxonomy)
+        print(f"Label agreement between {args.seq_len}- and {args.also_seq_len}-token windows of {corpora[0]} "
+              f"({n_windows} windows): {_pct(stats['agreement'])} of heads, Cohen's κ = {stats['kappa']:.2f}.\n")
+    print(f"Per layer ({corpora[0]}): share of retriever / mixer / reset heads\n")
     print("| layer | retriever | mixer | reset |", "|---|---|---|---|", sep="\n")
     for row in first.fractions().iloc[:-1].itertuples():
         print(f"| {row.layer} | {row.retriever:.2f} | {row.mixer:.2f} | {row.reset:.2f} |")
-    res = runs[CORPORA[0]]
-    print("\nC7, python-reference: mean cos(s_N, v_0) (sink) and cos(s_N, v_t) (current) per regime\n")
+    res = runs[corpora[0]]
+    print(f"\nC7, {corpora[0]}: mean cos(s_N, v_0) (sink) and cos(s_N, v_t) (current) per regime\n")
     sink, current = res.regime_means("align_sink"), res.regime_means("align_current")
     print("| regime | " + " | ".join(f"sink N={n}" for n in res.geometry.n[1:4]) + " | "
           + " | ".join(f"current N={n}" for n in res.geometry.n[1:4]) + " |")
@@ -80,7 +94,7 @@ def main() -> None:
         top = scores.flatten().argsort(descending=True)[:3].tolist()
         shown = ", ".join(f"L{i // scores.shape[1]}H{i % scores.shape[1]} {float(scores.flatten()[i]):.2f}" for i in top)
         print(f"- {kind.replace('_', '-')}: {int((types.labels() == kind).sum())} heads; strongest {shown}")
-    for corpus in (CORPORA[0], "repeated random tokens"):
+    for corpus in (corpora[0], "repeated random tokens"):
         print(f"\nRegimes ({corpus}, votes from every query) against head types\n")
         print("\n".join(crosstab_lines(types, runs[corpus].taxonomy)))
 

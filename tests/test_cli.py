@@ -459,6 +459,8 @@ def test_stream_fills_the_run_and_its_report(capsys, smollm2, tmp_path):
     (["--orders", "taxonomy,magic"], "unknown streaming order 'magic'"),
     (["--fractions", "0.5,1.5"], "--fractions must lie in (0, 1]"),
     (["--window", "1020", "--seq-len", "1024"], "keeps every key of 1024-token windows"),
+    (["--window", "1020"], "keeps every key of 1024-token windows"),  # the paper's length by default
+    (["--protocol", "default", "--window", "252"], "keeps every key of 256-token windows"),
     (["--window", "0"], "window must be an int ≥ 1"),
     (["--sink", "-1"], "sink must be an int ≥ 0"),
 ])

@@ -333,6 +333,8 @@ def _stream(args: argparse.Namespace) -> None:
     from .models import load_model
     from .streaming import check_streaming_arguments, streaming_curve
 
+    if args.seq_len is None:
+        args.seq_len = PROTOCOLS[args.protocol]["seq_len"]
     for flag in ("--windows", "--seq-len", "--seeds"):
         _positive(flag, getattr(args, flag[2:].replace("-", "_")))
     orders = tuple(args.orders.split(","))
@@ -477,7 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=fmt)
     stream.add_argument("run", help="run folder written by tl-geometry analyze")
     stream.add_argument("--windows", type=int, default=1, help="held-out windows the loss is measured on")
-    stream.add_argument("--seq-len", type=int, default=1024, help="tokens per held-out window (the paper's length)")
+    stream.add_argument("--protocol", choices=list(PROTOCOLS), default="paper",
+                        help="preset of --seq-len: paper (1024-token held-out windows, where a 64-key window is a "
+                             "sixteenth of the context) or default (the analysis' 256); an explicit --seq-len wins")
+    stream.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per held-out window (default: 1024; 256 with --protocol default)")
     stream.add_argument("--window", type=int, default=64, help="recent keys a streaming head keeps, the query included")
     stream.add_argument("--sink", type=int, default=4, help="first positions a streaming head keeps")
     stream.add_argument("--orders", default="taxonomy,echo_induction,entropy,random,oracle",
