@@ -2,7 +2,7 @@
 
     python demos/reproduce.py                      # both models, ~1.5 h on 2 CPU cores
     python demos/reproduce.py --models smollm2-135m
-    python demos/reproduce.py --protocol paper     # C1-C7, C10, C11 at 1024 tokens
+    python demos/reproduce.py --protocol paper     # C1-C7, C10, C11 at 1024 tokens, ~15 min
 
 Runs, per model, the three claim scripts (each one streamed analysis or intervention run with
 its settings printed in its header) and writes their tables to

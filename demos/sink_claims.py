@@ -9,11 +9,13 @@ tables quoted in ``docs/results/sink_regime.md`` and ``docs/theory.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
 
 import tl_geometry as tlg
+from tl_geometry.adapters import describe_model
 from tl_geometry.corpus import load_corpus, make_windows
 
 
@@ -92,29 +94,46 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=16)
+    parser.add_argument("--layers", type=int, nargs="+", default=None,
+                        help="report these layers only (default: every layer that sees all --seq-len positions; "
+                             "a sliding-window layer with a shorter window is left out, docs/metrics.md#sliding-windows)")
     parser.add_argument("--query-windows", type=int, default=4,
                         help="windows whose every query C11 checks (all-query work grows with the square of --seq-len)")
     args = parser.parse_args()
     start = time.perf_counter()
     model = tlg.load_model(args.model)
     windows = make_windows(model, load_corpus(args.corpus), args.seq_len, args.windows, seed=0)
-    res = tlg.analyze(model, windows.tokens, repeats=args.repeats, bootstrap=200).geometry
+    if args.layers is None:
+        info = describe_model(model)
+        seeing = info.layers_seeing(args.seq_len)
+        args.layers = None if len(seeing) == info.n_layers else seeing
+    res = only(tlg.analyze(model, windows.tokens, repeats=args.repeats, bootstrap=200).geometry, args.layers)
     print(f"## {args.model} — {args.corpus}, {windows.tokens.shape[0]} windows × {args.seq_len} tokens, "
-          f"last query, N = {list(res.n)} ({time.perf_counter() - start:.0f} s)\n")
+          f"last query, N = {list(res.n)}{'' if args.layers is None else f', layers {args.layers}'} "
+          f"({time.perf_counter() - start:.0f} s)\n")
     print(report(res))
     # C11 again with the sink excluded from the candidates and N listed out of order (repeats)
     ns = tuple(reversed(res.n)) + (res.n[1],)
-    res_nosink = tlg.analyze(model, windows.tokens, ns, exclude_sink=True, repeats=0, bootstrap=20,
-                             progress=False).geometry
+    res_nosink = only(tlg.analyze(model, windows.tokens, ns, exclude_sink=True, repeats=0, bootstrap=20,
+                                  progress=False).geometry, args.layers)
     violations, checks = certificate_violations(res_nosink)
     print(f"C11, sink excluded, N = {list(ns)}: bound above measurement in {violations} of {checks} checks.")
     for exclude_sink in (False, True):
-        violations, checks = per_query_violations(model, windows.tokens[:args.query_windows], ns, exclude_sink)
+        violations, checks = per_query_violations(model, windows.tokens[:args.query_windows], ns, exclude_sink,
+                                                  args.layers)
         print(f"C11, every query of {args.query_windows} windows, exclude_sink={exclude_sink}, N = {list(ns)}: bound above "
               f"measurement in {violations} of {checks} (query, head, N) checks.")
 
 
-def per_query_violations(model, tokens: torch.Tensor, ns: tuple[int, ...], exclude_sink: bool) -> tuple[int, int]:
+def only(res: tlg.GeometryResult, layers: list[int] | None) -> tlg.GeometryResult:
+    """The result restricted to ``layers`` (all: None)."""
+    if layers is None:
+        return res
+    return dataclasses.replace(res, per_sequence={name: values[:, layers] for name, values in res.per_sequence.items()})
+
+
+def per_query_violations(model, tokens: torch.Tensor, ns: tuple[int, ...], exclude_sink: bool,
+                         layers: list[int] | None = None) -> tuple[int, int]:
     """Sink-aware bounds and inversion certificates against the measurement, query by query (all queries)."""
     counts = [0, 0]
 
@@ -129,7 +148,7 @@ def per_query_violations(model, tokens: torch.Tensor, ns: tuple[int, ...], exclu
             counts[0] += int((low[defined] > measured[defined]).sum())
             counts[1] += int(defined.sum())
 
-    tlg.stream_layers(model, tokens, check)
+    tlg.stream_layers(model, tokens, check, layers=layers)
     return counts[0], counts[1]
 
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from tl_geometry.adapters import (
+    _sliding_windows,
     align_value_heads,
     describe_model,
     hook_names,
     read_layer,
     stream_layers,
 )
+from tl_geometry.analysis import analyze
 from tl_geometry.errors import TLGeometryError
 
 from .tiny import random_tokens, tiny_bridge, tiny_hooked
@@ -181,3 +186,37 @@ def test_real_smollm2_streamed_forward(smollm2):
     torch.testing.assert_close(att.pattern, layers[7].pattern)
     z = torch.einsum("bhqk,bkhd->bqhd", att.pattern, att.v)
     torch.testing.assert_close(z, cache["blocks.7.attn.hook_z"], atol=1e-4, rtol=1e-4)
+
+
+def test_sliding_window_layers_read_from_the_hooked_config_and_warned():
+    model = tiny_hooked(use_local_attn=True, attn_types=["global", "local", "global"], window_size=4)
+    assert describe_model(model).sliding_windows == {1: 4}
+    seen = {}
+    with pytest.warns(UserWarning, match=r"1 of 3 layers .*\(layer 1\) attend only to the last 4 positions"):
+        stream_layers(model, random_tokens(1, 8), lambda layer, att: seen.setdefault(layer, att))
+    # what the adapters read is what the model does: the local layer's last query sees 4 keys
+    assert int((seen[1].pattern[0, :, -1] > 0).sum(-1).max()) == 4
+    assert int((seen[0].pattern[0, :, -1] > 0).sum(-1).min()) == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a window no longer than the sequence's reach warns nothing,
+        stream_layers(model, random_tokens(1, 4), lambda layer, att: None)
+        stream_layers(model, random_tokens(1, 8), lambda layer, att: None, layers=[0, 2])  # nor the global layers
+    assert describe_model(model).layers_seeing(8) == [0, 2] and describe_model(model).layers_seeing(4) == [0, 1, 2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        analyze(model, random_tokens(3, 8), n=(1, 2), batch_size=1, progress=False)
+    assert sum("sliding window" in str(w.message) for w in caught) == 1  # once, not once per batch
+
+
+@pytest.mark.parametrize("hf_config, expected", [
+    ({"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+     {0: 512, 2: 512}),
+    ({"sliding_window": 4096}, {0: 4096, 1: 4096, 2: 4096}),  # Mistral: every layer
+    ({"sliding_window": 4096, "use_sliding_window": False}, {}),  # Qwen2 with the window switched off
+    ({"sliding_window": None}, {}),
+    ({"text_config": SimpleNamespace(sliding_window=8, layer_types=["full_attention"] * 2 + ["sliding_attention"])},
+     {2: 8}),
+])
+def test_sliding_window_layers_read_from_a_bridged_hugging_face_config(hf_config, expected):
+    model = SimpleNamespace(cfg=SimpleNamespace(), original_model=SimpleNamespace(config=SimpleNamespace(**hf_config)))
+    assert _sliding_windows(model, 3) == expected

@@ -88,6 +88,18 @@ def test_real_gemma3_loads_and_streams():
     assert seen[17].v.shape == (1, tokens.shape[1], 4, 256) and seen[17].n_kv_heads == 1
     torch.testing.assert_close(seen[0].pattern.sum(-1), torch.ones(1, 4, tokens.shape[1]))
     assert bool(seen[0].has_bos.all())
+    # Gemma 3: five sliding-window layers (512 positions) to each global one, as the adapters read
+    # them and as the attention behaves: past 512 tokens a local layer's last query sees 512 keys
+    from tl_geometry.adapters import describe_model
+
+    globals_ = (5, 11, 17)
+    assert describe_model(model).sliding_windows == {layer: 512 for layer in range(18) if layer not in globals_}
+    long = torch.cat([tokens[:, :1], torch.randint(1000, 20000, (1, 519))], 1)
+    seen.clear()
+    with pytest.warns(UserWarning, match=r"15 of 18 layers .*\(layers 0–4, 6–10, 12–16\) attend only to the last 512"):
+        stream_layers(model, long, lambda layer, att: seen.setdefault(layer, att), layers=[4, 5])
+    assert (seen[4].pattern[0, :, -1] > 0).sum(-1).tolist() == [512] * 4
+    assert bool(((seen[5].pattern[0, :, -1] > 0).sum(-1) > 512).all())  # a global layer sees them all
 
 
 @pytest.mark.slow

@@ -126,6 +126,8 @@ class ModelInfo:
     processing: dict[str, Any] = field(default_factory=dict)
     bos_token_id: int | None = None
     n_ctx: int | None = None  # the context length, when the config states it
+    # Layers whose queries see only the last ``window`` positions (sliding-window attention), by layer.
+    sliding_windows: dict[int, int] = field(default_factory=dict)
 
     def check_length(self, n_tokens: int) -> None:
         """Refuse sequences longer than the model's context before any forward (memory grows
@@ -135,6 +137,59 @@ class ModelInfo:
                 f"{n_tokens} tokens per sequence exceed {self.model_name}'s context of {self.n_ctx}: cut the text "
                 f"into windows of at most {self.n_ctx} tokens (tlg.make_windows, or a smaller --seq-len)."
             )
+
+    def layers_seeing(self, n_tokens: int) -> list[int]:
+        """The layers whose queries see every earlier position of ``n_tokens``-token sequences
+        (all but the sliding-window layers whose window is shorter)."""
+        return [layer for layer in range(self.n_layers) if self.sliding_windows.get(layer, n_tokens) >= n_tokens]
+
+    def warn_unseen_positions(self, n_tokens: int, layers: Iterable[int] | None = None) -> None:
+        """Warn where a sliding-window layer (of ``layers``; all: None) cannot see every earlier
+        position of ``n_tokens``-token sequences: the measurements take the causal prefix ``0..t``
+        as a query's sources (docs/metrics.md#sliding-windows)."""
+        chosen = range(self.n_layers) if layers is None else layers
+        narrow = sorted(layer for layer in chosen if self.sliding_windows.get(layer, n_tokens) < n_tokens)
+        if narrow:
+            shortest = min(self.sliding_windows[layer] for layer in narrow)
+            warnings.warn(
+                f"{len(narrow)} of {self.n_layers} layers of {self.model_name} ({_spans(narrow)}) attend only "
+                f"to the last {shortest} positions (sliding window), and the sequences hold {n_tokens} tokens: "
+                "their later queries' separability, random baseline and certificates count positions those queries "
+                f"cannot see (attention exactly 0) as sources. Use sequences of at most {shortest} tokens, or read "
+                "the other layers only.",
+                stacklevel=3,
+            )
+
+
+def _spans(layers: list[int]) -> str:
+    """``[0, 1, 2, 4]`` as ``"layers 0–2, 4"``."""
+    spans: list[list[int]] = []
+    for layer in layers:
+        if spans and layer == spans[-1][1] + 1:
+            spans[-1][1] = layer
+        else:
+            spans.append([layer, layer])
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
+
+
+def _sliding_windows(model: Any, n_layers: int) -> dict[int, int]:
+    """The layers with sliding-window attention and their windows: from a HookedTransformer's
+    config (``use_local_attn``, ``attn_types``, ``window_size``), else from the Hugging Face config
+    a TransformerBridge wraps (``sliding_window`` with ``layer_types``, or on every layer where
+    ``use_sliding_window`` is not false)."""
+    cfg = model.cfg
+    if getattr(cfg, "use_local_attn", False) and isinstance(getattr(cfg, "window_size", None), int):
+        kinds = getattr(cfg, "attn_types", None) or ["local"] * n_layers
+        return {layer: int(cfg.window_size) for layer, kind in enumerate(kinds) if kind == "local"}
+    hf = getattr(getattr(model, "original_model", None), "config", None)
+    hf = getattr(hf, "text_config", hf)  # multimodal configs keep the language model's apart
+    window = getattr(hf, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0 or getattr(hf, "use_sliding_window", True) is False:
+        return {}
+    kinds = getattr(hf, "layer_types", None)
+    if kinds is None:
+        return dict.fromkeys(range(n_layers), window)
+    return {layer: window for layer, kind in enumerate(kinds) if kind == "sliding_attention"}
 
 
 def _tl_version() -> str:
@@ -216,6 +271,7 @@ def describe_model(model: Any) -> ModelInfo:
         processing=_processing(model, model_class),
         bos_token_id=bos,
         n_ctx=int(cfg.n_ctx) if isinstance(getattr(cfg, "n_ctx", None), int) and cfg.n_ctx > 0 else None,
+        sliding_windows=_sliding_windows(model, int(cfg.n_layers)),
     )
 
 
@@ -509,11 +565,14 @@ def stream_layers(
     Returns:
         The :class:`ModelInfo` of the model (class, sizes, processing mode).
     """
-    info = describe_model(model) if info is None else info
+    described = info is None
+    info = describe_model(model) if described else info
     tokens = _check_tokens(tokens)
     _check_vocabulary(model, tokens)
     info.check_length(tokens.shape[1])
     chosen = _check_layers(layers, info.n_layers)
+    if described:  # a caller that passes ``info`` warns once for all its batches, where it matters
+        info.warn_unseen_positions(tokens.shape[1], chosen)
     batch, pos = tokens.shape
     if attention_mask is not None:
         check_attention_mask(attention_mask, batch, pos)

@@ -413,6 +413,7 @@ def analyze(
         raise TLGeometryError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
     _check_batch_size(batch_size)
     info.check_length(int(tokens.shape[1]))
+    info.warn_unseen_positions(int(tokens.shape[1]))
     _warn_not_measurable(config, tokens, attention_mask)
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
     rank, world_size = world()

@@ -475,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.set_defaults(handler=_prune,
                        interrupted="rerun the same command: the single-head scan continues from its checkpoint")
     stream = sub.add_parser("stream", help="which kv heads can keep only the sink and a recent window: streaming "
-                            "curves per order for a finished run (SmolLM2 defaults: about 12 min on 2 cores)",
+                            "curves per order for a finished run (SmolLM2 defaults: 11 min measured on 2 cores)",
                             formatter_class=fmt)
     stream.add_argument("run", help="run folder written by tl-geometry analyze")
     stream.add_argument("--windows", type=int, default=1, help="held-out windows the loss is measured on")
