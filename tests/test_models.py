@@ -93,10 +93,14 @@ def test_real_gemma3_loads_and_streams():
     from tl_geometry.adapters import describe_model
 
     globals_ = (5, 11, 17)
-    assert describe_model(model).sliding_windows == {layer: 512 for layer in range(18) if layer not in globals_}
+    info = describe_model(model)
+    assert info.sliding_windows == {layer: 512 for layer in range(18) if layer not in globals_}
+    assert info.layers_seeing(520) == list(globals_) and info.layers_seeing(512) == list(range(18))
+    with pytest.warns(UserWarning, match=r"15 of 18 layers .*\(layers 0–4, 6–10, 12–16\) attend only to the last 512"):
+        info.warn_unseen_positions(520)
     long = torch.cat([tokens[:, :1], torch.randint(1000, 20000, (1, 519))], 1)
     seen.clear()
-    with pytest.warns(UserWarning, match=r"15 of 18 layers .*\(layers 0–4, 6–10, 12–16\) attend only to the last 512"):
+    with pytest.warns(UserWarning, match=r"1 of 18 layers .*\(layer 4\) attend only"):  # the streamed layers only
         stream_layers(model, long, lambda layer, att: seen.setdefault(layer, att), layers=[4, 5])
     assert (seen[4].pattern[0, :, -1] > 0).sum(-1).tolist() == [512] * 4
     assert bool(((seen[5].pattern[0, :, -1] > 0).sum(-1) > 512).all())  # a global layer sees them all
