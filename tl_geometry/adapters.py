@@ -147,8 +147,8 @@ class ModelInfo:
         """Warn where a sliding-window layer (of ``layers``; all: None) cannot see every earlier
         position of ``n_tokens``-token sequences: the measurements take the causal prefix ``0..t``
         as a query's sources (docs/metrics.md#sliding-windows)."""
-        chosen = range(self.n_layers) if layers is None else layers
-        narrow = sorted(layer for layer in chosen if self.sliding_windows.get(layer, n_tokens) < n_tokens)
+        seeing = set(self.layers_seeing(n_tokens))
+        narrow = sorted(layer for layer in (range(self.n_layers) if layers is None else layers) if layer not in seeing)
         if narrow:
             shortest = min(self.sliding_windows[layer] for layer in narrow)
             warnings.warn(

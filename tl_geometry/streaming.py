@@ -41,16 +41,11 @@ from .io import token_digest
 from .taxonomy import HeadTaxonomy
 
 __all__ = ["StreamingOrder", "STREAMING_ORDERS", "StreamingCurve", "streaming_curve", "check_streaming_arguments",
-           "kv_head_needs", "kv_name"]
+           "kv_head_needs"]
 
 StreamingOrder = Literal["taxonomy", "echo_induction", "entropy", "random", "oracle"]
 STREAMING_ORDERS: tuple[str, ...] = get_args(StreamingOrder)
 DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-def kv_name(layer: int, kv: int) -> str:
-    """The name of a kv head in tables: ``L{layer}K{kv}``."""
-    return f"L{int(layer)}K{int(kv)}"
 
 
 def kv_head_needs(per_head: Float[Tensor, "layer head"], n_kv_heads: int) -> Float[Tensor, "layer kv"]:
