@@ -5,6 +5,7 @@ Arrays in, arrays out: callers hand numpy arrays (views of CPU tensors) in the n
 numba, and it imports nothing of the package above it. Modules, one job each:
 
 - ``bundles``: the named inputs, settings and outputs the kernels take;
+- ``options``: the compile options the kernels share;
 - ``threads``: numba's pool, sized on first use, and each parallel kernel's team;
 - ``rows``: one row's checks, its selection by a ranking, its winner;
 - ``core``: the metric core (top-N metrics N by N, the sink-excluded F, the certificates);

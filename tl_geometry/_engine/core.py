@@ -23,14 +23,11 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .options import INLINE, NO_RC, SUMS
+
 __all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "certify_rows",
            "unit_weights", "write_metrics", "weighted_sizes"]
 
-_NO_RC = {"cache": True, "nogil": True, "_nrt": False}
-# A call passes every array of its bundles field by field (a dozen words each): the per-N steps
-# are inlined into their drivers instead.
-_INLINE = dict(_NO_RC, inline="always")
-_SUMS = {"reassoc", "contract", "nsz"}
 # Added to cosine denominators: a zero vector has cosine 0 with everything.
 COS_EPS = 1e-12
 _LOWEST = -1.7976931348623157e308
@@ -90,7 +87,7 @@ class Step(NamedTuple):
     agg_norm: float
 
 
-@njit(fastmath=_SUMS, **_NO_RC)
+@njit(fastmath=SUMS, **NO_RC)
 def dot(vectors, b, kv, k, y):
     """``vectors[b, kv, k] · y`` in float64."""
     acc = 0.0
@@ -99,7 +96,7 @@ def dot(vectors, b, kv, k, y):
     return acc
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def weighted_sizes(values, rule, at, s):
     """``s.y_size[k]`` = ‖α_k v_k‖² (Euclidean) or ‖α_k v_k‖ (cosine) for keys ``0..t``: one row's
     sizes, which every variant of the row shares."""
@@ -110,7 +107,7 @@ def weighted_sizes(values, rule, at, s):
         s.y_size[k] = a * a * sq if rule.euclidean else a * math.sqrt(sq)
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _distance(euclidean, y_size, a, proj, agg_sq, agg_norm):
     """One key's distance to s_N from ‖y‖ (or ‖y‖²), α and ⟨v, s_N⟩. Euclidean: D² − ‖s‖² =
     ‖y‖² − 2α⟨v, s⟩, never below −‖s‖² (the order of D; the radii add ‖s‖² back)."""
@@ -119,7 +116,7 @@ def _distance(euclidean, y_size, a, proj, agg_sq, agg_norm):
     return 1.0 - a * proj / (y_size * agg_norm + COS_EPS)
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _count_at_most(x, n, bound):
     """#{k < n: x[k] ≤ bound}: an integer sum of comparisons, which LLVM vectorises."""
     count = 0
@@ -128,7 +125,7 @@ def _count_at_most(x, n, bound):
     return count
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _minimum(s, lo, hi):
     """``min(s.dist[lo:hi])`` (+inf when empty; ``dist`` holds no NaN: values and weights are
     finite, or refused). A float minimum is a serial chain that LLVM does not vectorise; the
@@ -146,7 +143,7 @@ def _minimum(s, lo, hi):
     return s.cell[0]
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, n, reach, track):
     """``proj[:n] += α_i G[i, :n]`` for the sources ``order[lo:hi]`` in rank order, four (then
     two) rows per pass: the same sums in the same order as one row at a time, with a quarter of
@@ -181,7 +178,7 @@ def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, n, reach, track):
                 reach[k] = max(reach[k], float(g0))
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _inversions(dist, n_keys, u_val, n, rho_min, rho_max, outside, near):
     """``Σ_{i selected, D_i ≥ ρ_min} #{j: D_j ≤ D_i}`` (``u_val[:n]`` the selected D_i, ``dist``
     +inf off the unselected candidates). Only the ``outside`` keys with ``D_j ≤ ρ_max`` can count:
@@ -209,7 +206,7 @@ def _inversions(dist, n_keys, u_val, n, rho_min, rho_max, outside, near):
     return total
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def start(at, s, order, n_cand, last_n):
     """Reset the row's running sums; returns the sink's rank in ``order`` (``last_n`` when it
     is not among the first ``last_n``)."""
@@ -225,7 +222,7 @@ def start(at, s, order, n_cand, last_n):
     return sink_rank
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _grow(values, rule, at, s, order, lo, hi, reach):
     """Add the sources ``order[lo:hi]`` to the selection: out of the candidates, into ``p``
     (Gram rows; with ``reach`` also into ``s.reach``) or the aggregate ``s_N`` (direct)."""
@@ -244,7 +241,7 @@ def _grow(values, rule, at, s, order, lo, hi, reach):
             s.agg[e] += s.alpha[i] * values.vectors[b, kv, i, e]
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _aggregate_size(values, rule, at, s, order, n):
     """``‖s_N‖²``; in direct mode also ``p_k = ⟨v_k, s_N⟩`` for keys ``0..t``."""
     b, _, kv, t, _, _ = at
@@ -260,7 +257,7 @@ def _aggregate_size(values, rule, at, s, order, n):
     return agg_sq
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bound, dist):
     """``dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist[k] ≤ bound}."""
     count = 0
@@ -271,7 +268,7 @@ def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bo
     return count
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def step(values, rule, at, s, order, j, full, reach):
     """Grow the selection to ``N = rule.ns[j]`` (from ``rule.ns[j - 1]``) and measure it, where it
     is defined (``N`` below the candidates: the caller stops at the first that is not).
@@ -311,7 +308,7 @@ def step(values, rule, at, s, order, j, full, reach):
     return Step(p, rc, f, margin, inversions, rho_max, rho_rest, outside, agg_norm)
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def write_metrics(metrics, at, j, st, sink_selected):
     """The top-N metrics of ``st`` at the row's output ``[b, h, out, j]``."""
     b, h, _, _, _, q = at
@@ -323,7 +320,7 @@ def write_metrics(metrics, at, j, st, sink_selected):
     metrics.sink_selected[b, h, q, j] = sink_selected
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def nosink_f(s, st, n):
     """F of the same top-N set with key 0 (an unselected candidate) dropped from the candidates:
     only ρ_min, the outside count and the candidates change. Reads the last :func:`step`."""
@@ -335,7 +332,7 @@ def nosink_f(s, st, n):
     return 2 * p * rc / (p + rc) if rc > 0 else 0.0
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _certified_lower(lower, a, mass, slack_w, slack_64, selected_error):
     """An unselected source's ``L_j`` less its slack σ_j (docs/theory.md, Lemma 3): the value to
     compare with ``max U_i``. ``-max`` (counted outside, and no selected source certified
@@ -349,7 +346,7 @@ def _certified_lower(lower, a, mass, slack_w, slack_64, selected_error):
     return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _out_of_reach(lower_0, s_sq_lo, diag_lo, inner, w_max, u_min):
     """Whether no unselected source can reach the smallest ``U_i``: then every one is counted and
     none certified inside, the trivial bound, without a pass over the keys. A non-sink ``L_j`` before
@@ -362,7 +359,7 @@ def _out_of_reach(lower_0, s_sq_lo, diag_lo, inner, w_max, u_min):
     return max(top, lower_0) < u_min
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _selected_weights(alpha, order, n):
     """W and Q of the selected non-sink weights, the selected sink's w_0, the largest selected
     weight: Theorem 1's inputs (the slacks of Lemma 3 scale with them)."""
@@ -381,7 +378,7 @@ def _selected_weights(alpha, order, n):
     return w0, total, sum_sq, a_max
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def unit_weights(values, at, s):
     """``s.omega[k] = α_k‖v_k‖`` for keys ``0..t``: Theorem 2's weights on the unit vectors
     (``values.norms64``: the layer's float64 norms); returns the largest α and ω over keys ``1..t``."""
@@ -395,7 +392,7 @@ def unit_weights(values, at, s):
     return alpha_max, omega_max
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     """The certificates (P, R lower bounds) of the top-N set ``order[:n]`` among ``n_cand``
     candidates: Theorem 1 from the Gram bounds ``cert[form, :, b, kv, t]``
@@ -444,7 +441,7 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     return _bounds(s, t, n, outside)
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _bounds(s, t, n, outside):
     """P̲ and R̲ from the unselected sources counted (``outside``), the selected ``U_i`` in
     ``s.u_val[:n]`` and the certified ``L_j`` in ``s.dist[:t + 1]`` (+inf off the unselected)."""
@@ -457,7 +454,7 @@ def _bounds(s, t, n, outside):
     return n / (n + outside), inside / n
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _grow_pairs(gram, b, kv, order, lo, hi, pair_range):
     """Theorem 3's ``pair_range`` after adding the sources ``order[lo:hi]``: the largest and
     smallest ``Ĝ[i, l]`` over a new source ``i`` and each source ``l`` ranked before it."""
@@ -471,7 +468,7 @@ def _grow_pairs(gram, b, kv, order, lo, hi, pair_range):
             pair_range[1] = min(pair_range[1], x)
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def certify_rows(cert, values, rule, at, s, order, j):
     """Theorem 3's certificates of the top-N set ``order[:n]``, ``n = rule.ns[j]``: Lemma 2 with
     the row's own statistics (exact ``‖v_k‖²``, ``s.pair_range`` and ``s.reach``, read from the

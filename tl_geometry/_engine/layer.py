@@ -23,15 +23,12 @@ from numba import njit
 
 from . import core
 from .bundles import LayerOutputs
+from .options import INLINE, NO_RC
 from .random_stream import candidates, sample
 from .rows import first_maximum, scan_row, select
 
 __all__ = ["layer_rows"]
 
-_NO_RC = {"cache": True, "nogil": True, "_nrt": False}
-# The per-row steps are inlined into the task: a call passes every array of its bundles field by
-# field (a dozen words each), which per row cost more than the work of a short row.
-_INLINE = dict(_NO_RC, inline="always")
 
 
 class LayerScratch(NamedTuple):
@@ -48,7 +45,7 @@ class LayerScratch(NamedTuple):
     part: np.ndarray
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _checks_and_votes(rows, values, plan, at, ls, out):
     """The row's distribution checks (a failing real row counted in ``bad_rows``) and its vote;
     returns whether it is a real query."""
@@ -73,7 +70,7 @@ def _checks_and_votes(rows, values, plan, at, ls, out):
     return True
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _sink_standing(rows, values, rule, at, s, listed, sink):
     """The sink's mass and rank: the number of candidates ranked before it (those listed before it
     when it is listed; otherwise every visible key that outscores it, ties to the sink)."""
@@ -98,7 +95,7 @@ def _sink_standing(rows, values, rule, at, s, listed, sink):
     sink.rank[b, h, q] = ahead
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
     """Variant TOP: every metric of the ranking's own top-N sets; with the sink diagnostics the
     alignments (and NOSINK's F when the sink is an unselected candidate at every N: the same
@@ -127,14 +124,14 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
             out.certificates.recall[b, h, q, j] = max(r_gram, r_unit, r_rows)
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _unselect(s, order, m):
     """After a variant: its selected sources (candidates all) back to ``excluded = 0``."""
     for rank in range(m):
         s.excluded[order[rank]] = 0.0
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _prf(values, rule, at, ls, n_cand, m):
     """P, R, F of the selection ``ls.order[:m]`` into ``ls.part`` (NaN where undefined), then the
     sources back to candidates."""
@@ -151,7 +148,7 @@ def _prf(values, rule, at, ls, n_cand, m):
     _unselect(s, ls.order, m)
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _nosink(rows, values, rule, at, ls, n_cand, filled, out):
     """Variant NOSINK: TOP's list without key 0 (an unselected candidate), with key 0 out of the
     candidates; F only."""
@@ -173,7 +170,7 @@ def _nosink(rows, values, rule, at, ls, n_cand, filled, out):
     s.excluded[0] = 0.0 if rows.key_mask[b, 0] else math.inf
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _random(rows, values, rule, plan, at, ls, out):
     """Variant RANDOM: P, R, F of ``plan.n_random`` random rankings, summed; the row's
     candidates listed once."""
@@ -191,7 +188,7 @@ def _random(rows, values, rule, plan, at, ls, out):
                     out.tallies.random_sum[i, b, h, q, j] += ls.part[i, j]
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def _measure(rows, values, rule, plan, at, ls, out):
     """Every variant of one measured row. TOP's list keeps one source more than max N: without
     the sink it is NOSINK's."""
@@ -220,7 +217,7 @@ def _measure(rows, values, rule, plan, at, ls, out):
         _random(rows, values, rule, plan, at, ls, out)
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _task(rows, values, rule, plan, b, h, ls, out):
     """The rows of one (sequence, head): no reference counting (see docs/design.md, "The engine")."""
     kv = h // rule.group

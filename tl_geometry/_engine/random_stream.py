@@ -12,9 +12,10 @@ import numba
 import numpy as np
 from numba import njit
 
+from .options import NO_RC
+
 __all__ = ["GOLDEN", "MIX", "HEAD", "QUERY", "sample", "candidates", "random_top_orders"]
 
-_NO_RC = {"cache": True, "nogil": True, "_nrt": False}
 # splitmix64's increment and finaliser multipliers, and the multipliers that spread head and query.
 GOLDEN = 0x9E3779B97F4A7C15
 MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
@@ -24,7 +25,7 @@ _MIX0, _MIX1 = np.uint64(MIX[0]), np.uint64(MIX[1])
 _HEAD, _QUERY = np.uint64(HEAD), np.uint64(QUERY)
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def _mix(z):
     """splitmix64's finaliser: a bijective scramble of 64 bits."""
     z = (z ^ (z >> np.uint64(30))) * _MIX0
@@ -32,7 +33,7 @@ def _mix(z):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def sample(cand, n_cand, m, key, h, t, r, order):
     """``m`` of the ``n_cand`` candidates ``cand`` into ``order``, uniformly at random and in
     random order (``cand`` is permuted in place)."""
@@ -47,7 +48,7 @@ def sample(cand, n_cand, m, key, h, t, r, order):
         order[rank] = chosen
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def candidates(key_mask, b, t, exclude_sink, cand):
     """The candidate sources of query ``t`` in increasing position into ``cand``; returns their number."""
     n_cand = 0

@@ -12,16 +12,15 @@ import math
 
 from numba import njit
 
+from .options import INLINE, NO_RC, SUMS
+
 __all__ = ["insert_top", "scan_row", "select", "first_maximum", "BLOCK"]
 
-_NO_RC = {"cache": True, "nogil": True, "_nrt": False}
-_INLINE = dict(_NO_RC, inline="always")  # called per row with bundles: see core
-_SUMS = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise a sum
 # Keys per block of the winner search.
 BLOCK = 16
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def insert_top(top_idx, top_score, filled, m, k, score):
     """Offer key ``k`` to the best-``m`` list (score descending, ties to the lower position);
     returns the new length. Keys come in decreasing position, so ``k`` wins ties against every
@@ -38,7 +37,7 @@ def insert_top(top_idx, top_score, filled, m, k, score):
     return filled + 1 if filled < m else m
 
 
-@njit(fastmath=_SUMS, **_NO_RC)
+@njit(fastmath=SUMS, **NO_RC)
 def scan_row(rows, at, key_mask, n_keys, norms, scores):
     """Over keys ``0..n_keys-1`` of the row: its sum (float64; NaN and inf propagate), its
     number of negative entries and its mass on the visible keys (``0..t``, real). Where
@@ -66,7 +65,7 @@ def scan_row(rows, at, key_mask, n_keys, norms, scores):
     return total, negatives, visible
 
 
-@njit(**_INLINE)
+@njit(**INLINE)
 def select(rows, scores, at, key_mask, norms64, rule, m, s):
     """The row's weights ``s.alpha`` (0 off the candidates), candidate flags ``s.excluded`` (0 for
     a candidate, +inf otherwise: added to a distance it drops the key from every statistic
@@ -96,7 +95,7 @@ def select(rows, scores, at, key_mask, norms64, rule, m, s):
     return n_cand, filled
 
 
-@njit(**_NO_RC)
+@njit(**NO_RC)
 def first_maximum(scores, bits, n):
     """The winner: the first position of the largest of ``scores[:n]`` (from :func:`scan_row`;
     -1 when none is ≥ 0). ``bits`` is ``scores`` viewed as same-width integers: scores ≥ 0 (-0

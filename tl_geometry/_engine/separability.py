@@ -6,6 +6,7 @@ import numba
 from numba import njit
 
 from . import core
+from .options import NO_RC
 from .rows import scan_row, select
 
 __all__ = ["separability_rows", "ROWS_PER_TASK"]
@@ -14,7 +15,7 @@ __all__ = ["separability_rows", "ROWS_PER_TASK"]
 ROWS_PER_TASK = 64
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(**NO_RC)
 def _row(inputs, values, rule, at, s, metrics, checks):
     """One row: its checks, then (a real query) its selection and metrics at every defined N."""
     b, h, _, t, q, _ = at
@@ -33,7 +34,7 @@ def _row(inputs, values, rule, at, s, metrics, checks):
         core.write_metrics(metrics, at, j, st, sink_rank < ns[j])
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(**NO_RC)
 def _task(task, inputs, values, rule, s, metrics, checks):
     """The rows of one task (no reference counting: see docs/design.md, "The engine")."""
     n_batch, n_heads, n_q, _ = inputs.rows.shape
