@@ -15,7 +15,6 @@ import time
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.adapters import describe_model
 from tl_geometry.corpus import load_corpus, make_windows
 
 
@@ -95,18 +94,14 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=16)
     parser.add_argument("--layers", type=int, nargs="+", default=None,
-                        help="report these layers only (default: every layer that sees all --seq-len positions; "
-                             "a sliding-window layer with a shorter window is left out, docs/metrics.md#sliding-windows)")
+                        help="report these layers only (default: every layer; a sliding-window layer is measured over "
+                             "each query's visible sources, docs/metrics.md#sliding-windows)")
     parser.add_argument("--query-windows", type=int, default=4,
                         help="windows whose every query C11 checks (all-query work grows with the square of --seq-len)")
     args = parser.parse_args()
     start = time.perf_counter()
     model = tlg.load_model(args.model)
     windows = make_windows(model, load_corpus(args.corpus), args.seq_len, args.windows, seed=0)
-    if args.layers is None:
-        info = describe_model(model)
-        seeing = info.layers_seeing(args.seq_len)
-        args.layers = None if len(seeing) == info.n_layers else seeing
     res = only(tlg.analyze(model, windows.tokens, repeats=args.repeats, bootstrap=200).geometry, args.layers)
     print(f"## {args.model} — {args.corpus}, {windows.tokens.shape[0]} windows × {args.seq_len} tokens, "
           f"last query, N = {list(res.n)}{'' if args.layers is None else f', layers {args.layers}'} "
@@ -138,7 +133,7 @@ def per_query_violations(model, tokens: torch.Tensor, ns: tuple[int, ...], exclu
     counts = [0, 0]
 
     def check(layer: int, att: tlg.LayerAttention) -> None:
-        kwargs = {"queries": "all", "exclude_sink": exclude_sink, "key_mask": att.key_mask, "query_mask": att.query_mask}
+        kwargs = {"queries": "all", "exclude_sink": exclude_sink, **att.visibility}
         sep = tlg.separability(att.pattern, att.kv_values, ns, **kwargs)
         bound = tlg.sink_aware_bounds(att.pattern, att.kv_values, ns, **kwargs)
         cert_p, cert_r = tlg.inversion_bounds(sep)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 
 
-def random_attention(batch, heads, kv, pos, d=4, seed=0, lengths=None, dtype=torch.float64, peaked=1.0):
-    """Causal softmax rows and Gaussian values; pads (beyond `lengths`) masked out of the rows."""
+def random_attention(batch, heads, kv, pos, d=4, seed=0, lengths=None, dtype=torch.float64, peaked=1.0, window=None):
+    """Causal softmax rows and Gaussian values; pads (beyond `lengths`) masked out of the rows, and
+    with a sliding `window` the keys before t − window + 1 (as a sliding-window layer masks them)."""
     g = torch.Generator().manual_seed(seed)
     lengths = lengths or [pos] * batch
     key_mask = torch.arange(pos)[None, :] < torch.tensor(lengths)[:, None]
     scores = torch.randn(batch, heads, pos, pos, generator=g, dtype=dtype) * peaked
-    allowed = torch.ones(pos, pos, dtype=torch.bool).tril()[None, None] & key_mask[:, None, None, :]
+    causal = torch.ones(pos, pos, dtype=torch.bool).tril()
+    if window is not None:
+        causal &= ~torch.ones(pos, pos, dtype=torch.bool).tril(-window)
+    allowed = causal[None, None] & key_mask[:, None, None, :]
     pattern = scores.masked_fill(~allowed, -torch.inf).softmax(-1).nan_to_num(0.0)
     v = torch.randn(batch, pos, kv, d, generator=g, dtype=dtype) * (1 + torch.rand(batch, pos, kv, 1, generator=g, dtype=dtype))
     return pattern, v, key_mask

@@ -10,9 +10,15 @@ import math
 import torch
 
 
+def first_source(t, window):
+    """The first position query t sees: t − window + 1 under a sliding window, else 0."""
+    return 0 if window is None else max(0, t - window + 1)
+
+
 def oracle_separability(pattern, v, ns, *, distance="euclidean", ranking="attention", positions=None,
-                        exclude_sink=False, key_mask=None, query_mask=None):
-    """Return dict of float64 tensors [batch, head, len(positions), len(ns)] (NaN = undefined)."""
+                        exclude_sink=False, key_mask=None, query_mask=None, window=None):
+    """Return dict of float64 tensors [batch, head, len(positions), len(ns)] (NaN = undefined).
+    The sources of query t: real keys first_source(t, window)..t."""
     pattern = pattern.double()
     v = v.double()
     batch, heads, n_q, n_k = pattern.shape
@@ -32,7 +38,8 @@ def oracle_separability(pattern, v, ns, *, distance="euclidean", ranking="attent
             for qi, t in enumerate(positions[b]):
                 if not query_mask[b, t]:
                     continue
-                sources = [i for i in range(t + 1) if key_mask[b, i] and not (exclude_sink and i == 0)]
+                sources = [i for i in range(first_source(t, window), t + 1)
+                           if key_mask[b, i] and not (exclude_sink and i == 0)]
                 alpha = pattern[b, h, t]
                 if isinstance(ranking, torch.Tensor):
                     score = {i: float(ranking[b, h, t, i]) for i in sources}
@@ -67,7 +74,7 @@ def oracle_separability(pattern, v, ns, *, distance="euclidean", ranking="attent
     return out
 
 
-def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False):
+def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False, window=None):
     """Theorem 3 of docs/theory.md in exact-as-float64 loops, without rounding slacks: for each query
     t and top-N set S (attention ranking, ties to the lower position), Lemma 2 with the row's own
     statistics: exact ‖v_k‖², the range of ⟨v_k, v_l⟩ over the pairs of S and, for each unselected
@@ -83,7 +90,7 @@ def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False):
         for h in range(heads):
             vh = v[b, :, h // group, :]
             for t in range(n_q):
-                sources = [i for i in range(t + 1) if not (exclude_sink and i == 0)]
+                sources = [i for i in range(first_source(t, window), t + 1) if not (exclude_sink and i == 0)]
                 alpha = [float(a) for a in pattern[b, h, t]]
                 ordered = sorted(sources, key=lambda i: (-alpha[i], i))
                 gram = [[float(vh[k] @ vh[m]) for m in range(t + 1)] for k in range(t + 1)]

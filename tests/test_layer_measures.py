@@ -12,11 +12,11 @@ from tl_geometry.layer_measures import RandomDraws, measure_layer
 from .inputs import random_attention
 
 
-def layer(batch=2, heads=4, kv=2, pos=9, d=5, seed=0, lengths=None, dtype=torch.float32):
+def layer(batch=2, heads=4, kv=2, pos=9, d=5, seed=0, lengths=None, dtype=torch.float32, window=None):
     pattern, v, key_mask = random_attention(batch, heads, kv, pos, d=d, seed=seed, lengths=lengths, dtype=dtype,
-                                            peaked=2.0)
+                                            peaked=2.0, window=window)
     return LayerAttention(layer=0, pattern=pattern, kv_values=v, key_mask=key_mask, query_mask=key_mask.clone(),
-                          has_bos=torch.ones(batch, dtype=torch.bool))
+                          has_bos=torch.ones(batch, dtype=torch.bool), window=window)
 
 
 def draws(batch, repeats, seed=0):
@@ -36,6 +36,7 @@ def assert_same(a, b, atol):
         for name in x:
             torch.testing.assert_close(x[name], y[name], atol=atol, rtol=0, equal_nan=True, msg=name)
     assert torch.equal(a.votes, b.votes) and torch.equal(a.offsets, b.offsets)
+    assert torch.equal(a.sinkless_votes, b.sinkless_votes)
 
 
 CASES = [
@@ -50,11 +51,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("window", [None, 4])
 @pytest.mark.parametrize("options", CASES, ids=[str(c) for c in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_fused_equals_the_public_functions(options, dtype):
+def test_fused_equals_the_public_functions(options, dtype, window):
     config = RunConfig(**{"n": (1, 2, 3, 5), **options})
-    att = layer(lengths=[9, 6], dtype=dtype)
+    att = layer(lengths=[9, 6], dtype=dtype, window=window)
     random = draws(2, 3)
     fused = measure_layer(att, config, random, backend="numba")
     composed = measure_layer(att, config, random, backend="torch")

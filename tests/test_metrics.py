@@ -40,12 +40,20 @@ CASES = [
     (2, 4, 2, 10, [10, 6], "euclidean", "attention", "last", True),
     (1, 4, 4, 12, None, "cosine", "random", "all", True),
 ]
+# Sliding windows shorter than the sequences (the sink leaves the view of the later queries).
+WINDOW_CASES = [
+    (2, 4, 2, 11, [11, 7], "euclidean", "attention", "all", False, 4),   # GQA, right padding
+    (2, 4, 1, 10, None, "euclidean", "contribution", "last", False, 3),
+    (1, 3, 3, 12, None, "cosine", "random", "all", True, 5),
+    (2, 2, 2, 9, [9, 9], "euclidean", "random", "positions", False, 1),   # a window of one: nothing defined
+]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("batch,heads,kv,pos,lengths,distance,ranking,queries,exclude_sink", CASES)
-def test_agrees_with_oracle(batch, heads, kv, pos, lengths, distance, ranking, queries, exclude_sink, backend):
-    pattern, v, mask = random_attention(batch, heads, kv, pos, seed=pos + heads, lengths=lengths)
+@pytest.mark.parametrize("batch,heads,kv,pos,lengths,distance,ranking,queries,exclude_sink,window",
+                         [(*case, None) for case in CASES] + WINDOW_CASES)
+def test_agrees_with_oracle(batch, heads, kv, pos, lengths, distance, ranking, queries, exclude_sink, window, backend):
+    pattern, v, mask = random_attention(batch, heads, kv, pos, seed=pos + heads, lengths=lengths, window=window)
     ns = (1, 2, 3, 5, 8)
     rank_arg = torch.rand(pattern.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) \
         if ranking == "random" else ranking
@@ -57,9 +65,9 @@ def test_agrees_with_oracle(batch, heads, kv, pos, lengths, distance, ranking, q
     else:
         q_arg, positions = "all", None
     fast = separability(pattern, v, ns, distance=distance, ranking=rank_arg, queries=q_arg,
-                        exclude_sink=exclude_sink, key_mask=mask, query_mask=mask, backend=backend)
+                        exclude_sink=exclude_sink, key_mask=mask, query_mask=mask, window=window, backend=backend)
     ref = oracle_separability(pattern, v, ns, distance=distance, ranking=rank_arg, positions=positions,
-                              exclude_sink=exclude_sink, key_mask=mask, query_mask=mask)
+                              exclude_sink=exclude_sink, key_mask=mask, query_mask=mask, window=window)
     _compare(fast, ref)
     assert fast.query_positions.shape == (batch, len(positions[0]) if positions else pos)
 

@@ -40,6 +40,8 @@ __all__ = [
     "ModelInfo",
     "describe_model",
     "describe_cache",
+    "bos_flags",
+    "unexplained_window",
     "batched_cache",
     "pad_token_id",
     "names_filter",
@@ -85,7 +87,11 @@ class LayerAttention:
             ``hook_v`` gives them (query head ``h`` reads kv head ``h // heads_per_kv``).
         key_mask: ``[batch, key]`` True for real (non-pad) tokens.
         query_mask: ``[batch, query]`` True for real (non-pad) query rows.
-        has_bos: ``[batch]`` True where token 0 is the tokenizer's BOS (the sink).
+        has_bos: ``[batch]`` True where token 0 is the tokenizer's BOS (the sink), or where it
+            cannot be known (no tokens or no BOS id: see ``bos_known``).
+        window: the layer's sliding window (query ``t`` sees keys ``t − window + 1 .. t``), None
+            where its queries see their whole causal prefix.
+        bos_known: whether ``has_bos`` was read from tokens and a BOS id.
     """
 
     layer: int
@@ -94,6 +100,8 @@ class LayerAttention:
     key_mask: Bool[Tensor, "batch key"]
     query_mask: Bool[Tensor, "batch query"]
     has_bos: Bool[Tensor, " batch"]
+    window: int | None = None
+    bos_known: bool = True
 
     @property
     def n_kv_heads(self) -> int:
@@ -104,6 +112,13 @@ class LayerAttention:
     def heads_per_kv(self) -> int:
         """Query heads reading each kv head (1 without GQA)."""
         return self.pattern.shape[1] // self.n_kv_heads
+
+    @property
+    def visibility(self) -> dict[str, Any]:
+        """Which sources each query sees, as the tensor functions take it: ``key_mask``,
+        ``query_mask`` and ``window``, e.g. ``tlg.separability(att.pattern, att.kv_values, n,
+        **att.visibility)``."""
+        return {"key_mask": self.key_mask, "query_mask": self.query_mask, "window": self.window}
 
     @cached_property
     def v(self) -> Float[Tensor, "batch key head d_head"]:
@@ -138,27 +153,10 @@ class ModelInfo:
                 f"into windows of at most {self.n_ctx} tokens (tlg.make_windows, or a smaller --seq-len)."
             )
 
-    def layers_seeing(self, n_tokens: int) -> list[int]:
-        """The layers whose queries see every earlier position of ``n_tokens``-token sequences
-        (all but the sliding-window layers whose window is shorter)."""
-        return [layer for layer in range(self.n_layers) if self.sliding_windows.get(layer, n_tokens) >= n_tokens]
-
-    def warn_unseen_positions(self, n_tokens: int, layers: Iterable[int] | None = None) -> None:
-        """Warn where a sliding-window layer (of ``layers``; all: None) cannot see every earlier
-        position of ``n_tokens``-token sequences: the measurements take the causal prefix ``0..t``
-        as a query's sources (docs/metrics.md#sliding-windows)."""
-        seeing = set(self.layers_seeing(n_tokens))
-        narrow = sorted(layer for layer in (range(self.n_layers) if layers is None else layers) if layer not in seeing)
-        if narrow:
-            shortest = min(self.sliding_windows[layer] for layer in narrow)
-            warnings.warn(
-                f"{len(narrow)} of {self.n_layers} layers of {self.model_name} ({_spans(narrow)}) attend only "
-                f"to the last {shortest} positions (sliding window), and the sequences hold {n_tokens} tokens: "
-                "their later queries' separability, random baseline and certificates count positions those queries "
-                f"cannot see (attention exactly 0) as sources. Use sequences of at most {shortest} tokens, or read "
-                "the other layers only.",
-                stacklevel=3,
-            )
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (its queries see the last ``window`` positions), None
+        where it sees the whole causal prefix."""
+        return self.sliding_windows.get(layer)
 
 
 def _spans(layers: list[int]) -> str:
@@ -173,23 +171,37 @@ def _spans(layers: list[int]) -> str:
 
 
 def _sliding_windows(model: Any, n_layers: int) -> dict[int, int]:
-    """The layers with sliding-window attention and their windows: from a HookedTransformer's
-    config (``use_local_attn``, ``attn_types``, ``window_size``), else from the Hugging Face config
-    a TransformerBridge wraps (``sliding_window`` with ``layer_types``, or on every layer where
-    ``use_sliding_window`` is not false)."""
+    """The layers with sliding-window attention and their windows, from whichever configuration
+    style the model has: a HookedTransformer's (``use_local_attn``, ``attn_types``,
+    ``window_size``), else the Hugging Face config a TransformerBridge wraps — ``sliding_window``
+    with ``layer_types`` (Gemma 2/3, recent Qwen2 and Mistral), ``use_sliding_window`` with
+    ``max_window_layers`` (Qwen2 before ``layer_types``), ``sliding_window`` alone (Mistral: every
+    layer), or GPT-Neo's ``window_size`` with ``attention_layers``."""
     cfg = model.cfg
     if getattr(cfg, "use_local_attn", False) and isinstance(getattr(cfg, "window_size", None), int):
         kinds = getattr(cfg, "attn_types", None) or ["local"] * n_layers
         return {layer: int(cfg.window_size) for layer, kind in enumerate(kinds) if kind == "local"}
     hf = getattr(getattr(model, "original_model", None), "config", None)
     hf = getattr(hf, "text_config", hf)  # multimodal configs keep the language model's apart
+    return _hugging_face_windows(hf, n_layers) if hf is not None else {}
+
+
+def _hugging_face_windows(hf: Any, n_layers: int) -> dict[int, int]:
+    """:func:`_sliding_windows` of a Hugging Face config."""
+    neo_layers = getattr(hf, "attention_layers", None)
+    if isinstance(neo_layers, list | tuple) and isinstance(getattr(hf, "window_size", None), int):  # GPT-Neo
+        return {layer: int(hf.window_size) for layer, kind in enumerate(neo_layers) if kind == "local"}
     window = getattr(hf, "sliding_window", None)
-    if not isinstance(window, int) or window <= 0 or getattr(hf, "use_sliding_window", True) is False:
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return {}
     kinds = getattr(hf, "layer_types", None)
-    if kinds is None:
-        return dict.fromkeys(range(n_layers), window)
-    return {layer: window for layer, kind in enumerate(kinds) if kind == "sliding_attention"}
+    if kinds is not None:
+        return {layer: window for layer, kind in enumerate(kinds) if kind in ("sliding_attention", "local")}
+    if getattr(hf, "use_sliding_window", True) is False:
+        return {}
+    first = getattr(hf, "max_window_layers", None)  # Qwen2: layers from this index on slide
+    first = first if isinstance(first, int) and hasattr(hf, "use_sliding_window") else 0
+    return {layer: window for layer in range(first, n_layers)}
 
 
 def _tl_version() -> str:
@@ -331,7 +343,8 @@ def _build_layer(
     pattern: Tensor,
     v: Tensor,
     mask: Tensor | None,
-    has_bos: Tensor,
+    has_bos: Tensor | None,
+    window: int | None = None,
 ) -> LayerAttention:
     if pattern.ndim != 4:
         raise TLGeometryError(
@@ -371,17 +384,45 @@ def _build_layer(
         kv_values=v,
         key_mask=mask,
         query_mask=mask.clone(),
-        has_bos=has_bos.to(pattern.device),
+        has_bos=(torch.ones(batch, dtype=torch.bool) if has_bos is None else has_bos).to(pattern.device),
+        window=window,
+        bos_known=has_bos is not None,
     )
 
 
-def _bos_flags(tokens: Tensor | None, mask: Tensor | None, bos_token_id: int | None, batch: int) -> Tensor:
+def bos_flags(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_id: int | None) -> Tensor | None:
+    """``[batch]`` whether each sequence's first real token is ``bos_token_id`` (None where that
+    cannot be known: no tokens, or no BOS id)."""
     if tokens is None or bos_token_id is None:
-        return torch.ones(batch, dtype=torch.bool)
-    first = torch.zeros(batch, dtype=torch.long, device=tokens.device)
-    if mask is not None:
-        first = mask.bool().int().argmax(1).to(tokens.device)
+        return None
+    first = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+    if attention_mask is not None:
+        first = attention_mask.bool().int().argmax(1).to(tokens.device)
     return tokens.gather(1, first[:, None])[:, 0].eq(bos_token_id).cpu()
+
+
+def unexplained_window(att: LayerAttention) -> int | None:
+    """The backstop for windows no configuration declared: the last query row of every sequence,
+    in every head, puts weight exactly 0 on each visible position before its last ``W`` (``W ≥ 2``,
+    and fewer than the positions it is taken to see), as a sliding window of ``W`` would. Returns
+    that ``W`` (the longest such suffix over the sequences), else None. A softmax gives an exact 0
+    only to a masked key (or one whose logit is ~100 below the row's best), so one head attending
+    anywhere earlier, or one short sequence, rules it out."""
+    mask = att.query_mask
+    last = (mask.sum(1) - 1).clamp_min(0)  # left-aligned: the last real query
+    batch, _, _, n_k = att.pattern.shape
+    rows = att.pattern[torch.arange(batch, device=last.device)[:, None], :, last[:, None]][:, 0]  # [batch, head, key]
+    positions = torch.arange(n_k, device=last.device)
+    first = torch.zeros_like(last) if att.window is None else (last - att.window + 1).clamp_min(0)
+    seen = (positions >= first[:, None]) & (positions <= last[:, None]) & att.key_mask
+    weighted = (rows != 0) & seen[:, None, :]
+    if not bool(weighted.any(-1).all()):
+        return None
+    earliest = torch.where(weighted, positions, n_k).amin(-1).amin(-1)  # [batch] over heads
+    span = last - earliest + 1
+    if not bool((earliest > first).all()) or int(span.max()) < 2:
+        return None
+    return int(span.max())
 
 
 def names_filter(name: str) -> bool:
@@ -463,6 +504,7 @@ def read_layer(
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     tokens: Int[Tensor, "batch pos"] | None = None,
     bos_token_id: int | None = None,
+    window: int | None = None,
 ) -> LayerAttention:
     """Read one layer from an ``ActivationCache`` or a plain dict keyed by hook name.
 
@@ -471,7 +513,8 @@ def read_layer(
         layer: layer index.
         attention_mask: ``[batch, pos]`` 1 for real tokens, 0 for pads (default: no pads).
         tokens, bos_token_id: when given, ``has_bos`` says whether each sequence starts with BOS;
-            otherwise it is assumed True.
+            otherwise it is assumed True (``bos_known`` False).
+        window: the layer's sliding window (``describe_model(model).window(layer)``), if it has one.
 
     Example:
         >>> _, cache = model.run_with_cache(tokens)       # doctest: +SKIP
@@ -492,9 +535,7 @@ def read_layer(
             "names_filter=tlg.names_filter) for the layers you need."
         )
     pattern, v = cache[names[0]], cache[names[1]]
-    batch = pattern.shape[0]
-    has_bos = _bos_flags(tokens, attention_mask, bos_token_id, batch)
-    return _build_layer(layer, pattern, v, attention_mask, has_bos)
+    return _build_layer(layer, pattern, v, attention_mask, bos_flags(tokens, attention_mask, bos_token_id), window)
 
 
 def _check_layers(layers: Iterable[int] | None, n_layers: int) -> list[int]:
@@ -547,7 +588,8 @@ def stream_layers(
     """Run one forward pass and hand each chosen layer's attention to ``fn``.
 
     Hooks on ``hook_v`` and ``hook_pattern`` of the chosen layers build a
-    :class:`LayerAttention` as soon as both tensors of a layer exist, call
+    :class:`LayerAttention` (with the layer's sliding window, where it has one) as soon as both
+    tensors of a layer exist, call
     ``fn(layer, attention)``, and keep nothing: peak memory is one layer's attention, never a
     whole-model cache.
 
@@ -565,18 +607,15 @@ def stream_layers(
     Returns:
         The :class:`ModelInfo` of the model (class, sizes, processing mode).
     """
-    described = info is None
-    info = describe_model(model) if described else info
+    info = describe_model(model) if info is None else info
     tokens = _check_tokens(tokens)
     _check_vocabulary(model, tokens)
     info.check_length(tokens.shape[1])
     chosen = _check_layers(layers, info.n_layers)
-    if described:  # a caller that passes ``info`` warns once for all its batches, where it matters
-        info.warn_unseen_positions(tokens.shape[1], chosen)
     batch, pos = tokens.shape
     if attention_mask is not None:
         check_attention_mask(attention_mask, batch, pos)
-    has_bos = _bos_flags(tokens, attention_mask, info.bos_token_id, batch)
+    has_bos = bos_flags(tokens, attention_mask, info.bos_token_id)
     pending: dict[int, dict[str, Tensor]] = {}
 
     def make_hook(layer: int, kind: str):
@@ -585,7 +624,7 @@ def stream_layers(
             slot[kind] = tensor
             if len(slot) == 2:
                 del pending[layer]
-                fn(layer, _build_layer(layer, slot["pattern"], slot["v"], attention_mask, has_bos))
+                fn(layer, _build_layer(layer, slot["pattern"], slot["v"], attention_mask, has_bos, info.window(layer)))
 
         return hook
 

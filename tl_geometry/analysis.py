@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .adapters import (
     batched_cache,
+    bos_flags,
     check_attention_mask,
     describe_cache,
     describe_model,
@@ -34,6 +35,7 @@ from .adapters import (
     pad_token_id,
     read_layer,
     stream_layers,
+    unexplained_window,
 )
 from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
@@ -225,12 +227,14 @@ class Checkpoint:
             )
         ids = tensors.pop("window_ids")
         taxonomy.votes, taxonomy.offsets = tensors.pop("votes"), tensors.pop("offsets")
+        taxonomy.sinkless = tensors.pop("sinkless_votes", torch.zeros_like(taxonomy.votes[..., 0]))
         geometry.batches, geometry.window_ids = [tensors], [ids]
         return int(ids.numel())
 
     def save(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> None:
         tensors = {k: torch.cat([b[k] for b in geometry.batches]) for k in geometry.batches[0]}
-        tensors.update(window_ids=torch.cat(geometry.window_ids), votes=taxonomy.votes, offsets=taxonomy.offsets)
+        tensors.update(window_ids=torch.cat(geometry.window_ids), votes=taxonomy.votes, offsets=taxonomy.offsets,
+                       sinkless_votes=taxonomy.sinkless)
         save_tensors(self.path, "Checkpoint", tensors, key=self.key)  # atomic: old or new state, never half
 
 
@@ -272,6 +276,42 @@ def _warn_unmasked_padding(tokens: Tensor, attention_mask: Tensor | None, pad: i
                       "attention_mask was given: pads would be measured as real tokens. Pass attention_mask= "
                       "(1 for real tokens) to tlg.analyze, and to run_with_cache when you analyse its cache.",
                       stacklevel=3)
+
+
+def _bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_id: int | None, window_ids: Tensor,
+                from_cache: bool) -> dict[str, Any]:
+    """Whether each window starts with the model's BOS, for the results' settings
+    (``{"known": bool, "without": [window ids]}``), told once: which windows lack it and how to
+    prepend it, or that it cannot be known."""
+    flags = bos_flags(tokens, attention_mask, bos_token_id)
+    if flags is None:
+        why = ("the cache came without its tokens (pass them: tlg.analyze(cache, tokens))" if tokens is None and
+               from_cache else "the model's tokenizer has no BOS token id")
+        warnings.warn(f"cannot tell whether the windows start with BOS: {why}. Position 0 is taken as the sink; "
+                      "if it is an ordinary token, the sink statistics and mixer labels describe that token.",
+                      stacklevel=3)
+        return {"known": False, "without": []}
+    without = window_ids[~flags].tolist()
+    if without:
+        warnings.warn(f"{len(without)} of {len(flags)} windows do not start with the BOS token (id {bos_token_id}; "
+                      f"windows {without[:5]}{' …' if len(without) > 5 else ''}): their sink statistics and mixer "
+                      "labels describe their first content token. Prepend BOS: model.to_tokens(text) does "
+                      "(prepend_bos=True), or torch.cat([torch.full((n, 1), model.tokenizer.bos_token_id), tokens], 1).",
+                      stacklevel=3)
+    return {"known": True, "without": without}
+
+
+def _warn_unexplained_window(layer: int, att: Any, warned: set[int]) -> None:
+    """Warn once per layer where the pattern itself looks windowed and no configuration said so."""
+    window = unexplained_window(att)
+    if window is not None:
+        warned.add(layer)
+        declared = att.window
+        warnings.warn(f"layer {layer}: every head's last query gives weight exactly 0 to each position before its "
+                      f"last {window}, as a sliding window of {window} would, but the model's configuration declares "
+                      f"{'a window of ' + str(declared) if declared else 'none'}: positions out of that view are "
+                      "measured as sources. Check the model's attention (a custom mask or an undeclared window).",
+                      stacklevel=4)
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -413,9 +453,10 @@ def analyze(
         raise TLGeometryError(f"need at least one window of ≥ 2 tokens; got shape {tuple(tokens.shape)}.")
     _check_batch_size(batch_size)
     info.check_length(int(tokens.shape[1]))
-    info.warn_unseen_positions(int(tokens.shape[1]))
     _warn_not_measurable(config, tokens, attention_mask)
     window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
+    bos = _bos_record(tokens if cache is None or tokens_or_texts is not None else None, attention_mask,
+                      info.bos_token_id, window_ids, cache is not None)
     rank, world_size = world()
     if cache is None and distributed is not False and world_size > 1:  # this rank's shard; merged at the end
         mine = shard_indices(tokens.shape[0], rank, world_size)
@@ -430,11 +471,14 @@ def analyze(
     taxonomy = TaxonomyAccumulator(info.n_layers, info.n_heads, tokens.shape[1])
 
     workspace = Workspace()
+    unexplained: set[int] = set()  # layers already warned about
 
     def on_layer(layer, att):
+        if layer not in unexplained:
+            _warn_unexplained_window(layer, att, unexplained)
         measures = measure_layer(att, config, geometry.random_draws(att), workspace=workspace)
         geometry.add(layer, measures, att.heads_per_kv)
-        taxonomy.add_votes(layer, measures.votes, measures.offsets)
+        taxonomy.add_votes(layer, measures.votes, measures.offsets, measures.sinkless_votes)
 
     def on_batch(rows: slice) -> None:
         geometry.start_batch(window_ids[rows], tokens.shape[1])
@@ -443,7 +487,8 @@ def analyze(
         **config.to_dict(), "random_repeats": config.random_repeats(int(tokens.shape[1])),
         "model": info.model_name, "model_class": info.model_class,
         "transformer_lens": info.transformer_lens_version, "processing": info.processing,
-        "n_windows": all_windows, "seq_len": int(tokens.shape[1]),
+        "n_windows": all_windows, "seq_len": int(tokens.shape[1]), "bos": bos,
+        "sliding_windows": {str(layer): window for layer, window in sorted(info.sliding_windows.items())},
     }
     done, save = 0, None
     if checkpoint is not None:
@@ -463,7 +508,7 @@ def analyze(
         for layer in tqdm(range(info.n_layers), desc="layers", disable=not progress):
             on_layer(layer, read_layer(cache, layer, attention_mask=attention_mask,
                                        tokens=None if tokens_or_texts is None else tokens,
-                                       bos_token_id=info.bos_token_id))
+                                       bos_token_id=info.bos_token_id, window=info.window(layer)))
     else:
         _stream_windows(model, info, tokens, attention_mask, batch_size, progress and rank == 0, on_layer, on_batch,
                         save, first=done)
@@ -478,6 +523,7 @@ def gather_analysis(analysis: Analysis) -> Analysis:
         return analysis
     votes = all_reduce(analysis.taxonomy.votes.clone())
     offsets = all_reduce(analysis.taxonomy.offsets.clone())
+    sinkless = None if analysis.taxonomy.sinkless is None else all_reduce(analysis.taxonomy.sinkless.clone())
     geo = analysis.geometry
     merged = None
     for per_sequence, ids in all_gather_objects((geo.per_sequence, geo.window_ids)):
@@ -487,5 +533,5 @@ def gather_analysis(analysis: Analysis) -> Analysis:
         merged = part if merged is None else merged.merge(part)
     merged.settings["n_windows"] = int(merged.window_ids.numel())
     merged.settings["world_size"] = size
-    return Analysis(merged, HeadTaxonomy(votes, offsets, dict(analysis.taxonomy.settings, world_size=size)))
+    return Analysis(merged, HeadTaxonomy(votes, offsets, dict(analysis.taxonomy.settings, world_size=size), sinkless))
 

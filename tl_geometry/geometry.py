@@ -101,8 +101,28 @@ class GeometryResult:
     def __repr__(self) -> str:
         settings = ", ".join(f"{key}={self.settings[key]!r}" for key in ("model", "queries", "distance", "ranking")
                              if key in self.settings)
+        bos = self.bos_line()
         return (f"GeometryResult({self.window_ids.numel()} windows, {self.n_layers} layers × {self.n_heads} heads, "
-                f"N={list(self.n)}, {len(self.per_sequence)} metrics{', ' + settings if settings else ''})")
+                f"N={list(self.n)}, {len(self.per_sequence)} metrics{', ' + settings if settings else ''}"
+                f"{', ' + bos if bos else ''})")
+
+    @property
+    def windows_without_bos(self) -> list[int] | None:
+        """Ids of the windows that do not start with the model's BOS token (their position 0, taken
+        as the sink, is a content token); None where that could not be known (a cache without its
+        tokens, a tokenizer without BOS) or was not recorded."""
+        bos = self.settings.get("bos")
+        return list(bos["without"]) if isinstance(bos, dict) and bos.get("known") else None
+
+    def bos_line(self) -> str:
+        """Whether the windows start with BOS, in a few words ("" where not recorded)."""
+        bos = self.settings.get("bos")
+        if not isinstance(bos, dict):
+            return ""
+        without = self.windows_without_bos
+        if without is None:
+            return "BOS unknown"
+        return "every window starts with BOS" if not without else f"{len(without)} windows without BOS"
 
     @property
     def n_layers(self) -> int:
@@ -173,6 +193,10 @@ class GeometryResult:
         settings = dict(self.settings)
         if "n_windows" in settings:
             settings["n_windows"] = int(ids.numel())
+        mine, theirs = self.settings.get("bos"), other.settings.get("bos")
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            settings["bos"] = {"known": bool(mine.get("known") and theirs.get("known")),
+                               "without": sorted({*mine.get("without", []), *theirs.get("without", [])})}
         return GeometryResult(self.n, merged, ids[order], settings)
 
     def to_dataframe(self, with_ci: bool = False):

@@ -30,7 +30,7 @@ from . import _engine as engine
 from .backend import Backend, resolve_backend
 from .config import RunConfig
 from .metrics import inversion_bounds, separability, separability_over_rankings
-from .query_rows import check_values, finite_values
+from .query_rows import check_values, finite_values, query_positions
 from .random_orders import random_top_orders
 from .regime import (
     CERTIFICATE_KEYS,
@@ -40,6 +40,7 @@ from .regime import (
     unit_roundoff,
     value_statistics,
 )
+from .selection import first_visible
 from .sink import f_by_sink, sink_geometry, value_sink_statistics
 from .taxonomy import offset_counts, votes_from_winners, winner_sources
 
@@ -59,15 +60,16 @@ class RandomDraws:
     repeats: int
 
     def top_orders(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int,
-                   exclude_sink: bool) -> Int[Tensor, "repeat batch head q max_n"]:
+                   exclude_sink: bool, window: int | None = None) -> Int[Tensor, "repeat batch head q max_n"]:
         """The best-``max_n`` sources of every random ranking (-1 past the candidates), as the
         engine's layer pass draws them, on ``key_mask``'s device."""
-        return random_top_orders(self.keys, key_mask, qpos, qvalid, n_heads, self.repeats, max_n, exclude_sink)
+        return random_top_orders(self.keys, key_mask, qpos, qvalid, n_heads, self.repeats, max_n, exclude_sink,
+                                 window)
 
-    def scores(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int, exclude_sink: bool
-               ) -> Float[Tensor, "repeat batch head q key"]:
+    def scores(self, key_mask: Tensor, qpos: Tensor, qvalid: Tensor, n_heads: int, max_n: int, exclude_sink: bool,
+               window: int | None = None) -> Float[Tensor, "repeat batch head q key"]:
         """Score tensors whose top-``max_n`` are :meth:`top_orders` (for ``separability(ranking=...)``)."""
-        orders = self.top_orders(key_mask, qpos, qvalid, n_heads, max_n, exclude_sink)
+        orders = self.top_orders(key_mask, qpos, qvalid, n_heads, max_n, exclude_sink, window)
         n_k = key_mask.shape[1]
         scores = torch.zeros(*orders.shape[:-1], n_k + 1, device=orders.device)  # column n_k takes the -1 entries
         rank_scores = torch.arange(max_n, 0, -1, dtype=scores.dtype, device=orders.device).expand_as(orders)
@@ -106,6 +108,7 @@ class LayerMeasures:
         per_kv: ``{name: [batch, kv]}``: value statistics and the regime fit (``PER_KV_FIELDS``).
         cosine_by_lag: ``[batch, kv, key]`` or None.
         votes: ``[batch, head, 3]`` taxonomy votes; offsets: ``[batch, head, key]``.
+        sinkless_votes: ``[batch]`` votes each head cast from rows that could not see the sink.
     """
 
     query_positions: Int[Tensor, "batch q"]
@@ -115,6 +118,7 @@ class LayerMeasures:
     cosine_by_lag: Float[Tensor, "batch kv key"] | None
     votes: Int[Tensor, "batch head 3"]
     offsets: Int[Tensor, "batch head key"]
+    sinkless_votes: Int[Tensor, " batch"] | None = None
 
 
 def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: Backend = "auto",
@@ -132,18 +136,29 @@ def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: B
         out = _measure_fused(att, config, random, Workspace() if workspace is None else workspace)
     else:
         out = _measure_torch(att, config, random)
-    _add_derived(out, config)
+    _add_derived(out, config, att.window)
+    out.sinkless_votes = _sinkless_votes(att, config)
     return out
 
 
-def _add_derived(out: LayerMeasures, config: RunConfig) -> None:
-    """Entries computed from the top-N metrics alike for both backends."""
+def _sinkless_votes(att, config: RunConfig) -> Int[Tensor, " batch"]:
+    """Per sequence, the voting rows (real, t > 0) that do not see position 0."""
+    qpos = query_positions(att.query_mask, config.taxonomy_queries)
+    voting = att.query_mask.gather(1, qpos) & (qpos > 0)
+    return (voting & (first_visible(qpos, att.window) > 0)).sum(1).cpu()
+
+
+def _add_derived(out: LayerMeasures, config: RunConfig, window: int | None) -> None:
+    """Entries computed from the top-N metrics alike for both backends. ``sink_selected`` is NaN
+    on rows without a visible sink (neither selected nor left out)."""
     q = out.per_query
     if not config.sink:
         return
+    has_sink = (first_visible(out.query_positions, window) == 0)[:, None, :, None]
+    q["sink_selected"] = torch.where(has_sink, q["sink_selected"], torch.nan)
     top = _as_separability(q, config.n, out.query_positions)
     precision_cert, recall_cert = inversion_bounds(top)
-    with_sink, without_sink = f_by_sink(top)
+    with_sink, without_sink = f_by_sink(top, window)
     q.update(precision_certificate=precision_cert, recall_certificate=recall_cert,
              f_sink_selected=with_sink, f_sink_unselected=without_sink)
 
@@ -174,7 +189,7 @@ def _value_measures(values: Tensor, key_mask: Tensor, config: RunConfig, gram: T
 def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerMeasures:
     kv = att.kv_values
     ns = config.n
-    masks = {"key_mask": att.key_mask, "query_mask": att.query_mask}
+    masks = {"key_mask": att.key_mask, "query_mask": att.query_mask, "window": att.window}
     opts = {"queries": config.queries, "distance": config.distance, "exclude_sink": config.exclude_sink, **masks}
     top = separability(att.pattern, kv, ns, ranking=config.ranking, backend="torch", **opts)
     q: dict[str, Tensor] = {f"{m}_top": getattr(top, m) for m in ("precision", "recall", "f")}
@@ -183,7 +198,7 @@ def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     if random is not None:
         qvalid = att.query_mask.gather(1, top.query_positions)
         scores = random.scores(att.key_mask, top.query_positions, qvalid, att.pattern.shape[1], max(ns),
-                               config.exclude_sink)
+                               config.exclude_sink, att.window)
         baseline = separability_over_rankings(att.pattern, kv, ns, scores, backend="torch", **opts).mean
         q.update({f"{m}_random": getattr(baseline, m) for m in ("precision", "recall", "f")})
     per_row: dict[str, Tensor] = {}
@@ -275,7 +290,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     value_norm64 = value_norms64(values, value_sq) if config.ranking == "contribution" or want_bounds else value_sq
     keys = (np.zeros(batch, dtype=np.uint64) if random is None else random.keys.cpu().numpy().view(np.uint64))
     rule = engine.Rule(np.asarray(ns, dtype=np.int64), 0 if config.ranking == "attention" else 1, config.exclude_sink,
-                       config.distance == "euclidean", use_gram, group)
+                       config.distance == "euclidean", use_gram, group, att.window or 0)
     plan = engine.LayerPlan(geometry_all, taxonomy_all, repeats, config.sink, want_bounds,
                             row_sum_tolerance(att.pattern.dtype), engine.integer_like(pattern.element_size()))
 

@@ -1,7 +1,7 @@
 """Geometric precision, recall and F-score of top-N attention selection (docs/metrics.md#separability).
 
 Framework-free: every function here takes raw tensors. For one query ``t`` with visible
-sources ``0..t`` and contributions ``y_i = α[t,i]·v_i``, the top-N set ``S`` under a ranking
+sources ``0..t`` (``t − window + 1 .. t`` in a sliding-window layer) and contributions ``y_i = α[t,i]·v_i``, the top-N set ``S`` under a ranking
 has aggregate ``s_N = Σ_{i∈S} y_i`` and distances ``D_i = d(y_i, s_N)``; then::
 
     ρ_max = max_{i∈S} D_i      ρ_min = min_{j∉S} D_j
@@ -102,6 +102,7 @@ def separability(
     exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
     chunk_elements: int = CHUNK_ELEMENTS,
     backend: Backend = "auto",
 ) -> Separability:
@@ -120,6 +121,9 @@ def separability(
         queries: ``"all"``, ``"last"`` or a 1-D LongTensor of positions.
         exclude_sink: remove key 0 from the candidate sources.
         key_mask, query_mask: ``[batch, pos]`` True for real tokens (default: all real).
+        window: the layer's sliding window: query ``t`` sees keys ``t − window + 1 .. t`` only
+            (default None: its whole causal prefix). Keys out of view are no candidates of any
+            statistic, and a row whose window has left position 0 behind has no sink.
         chunk_elements: torch backend: bound on ``batch·head·query_chunk·key`` per working tensor.
         backend: ``"auto"`` (the fused numba kernel for CPU tensors, torch otherwise),
             ``"numba"`` or ``"torch"``. Both implement the same definitions; see docs/performance.md.
@@ -129,16 +133,17 @@ def separability(
         or wider (float64 inputs stay float64).
     """
     return _separability(pattern, v, n, distance=distance, ranking=ranking, queries=queries,
-                         exclude_sink=exclude_sink, key_mask=key_mask, query_mask=query_mask,
+                         exclude_sink=exclude_sink, key_mask=key_mask, query_mask=query_mask, window=window,
                          chunk_elements=chunk_elements, backend=backend)
 
 
 def _separability(pattern, v, n, *, distance="euclidean", ranking="attention", queries="all", exclude_sink=False,
-                  key_mask=None, query_mask=None, chunk_elements=CHUNK_ELEMENTS, backend="auto", gram_cache=None):
+                  key_mask=None, query_mask=None, window=None, chunk_elements=CHUNK_ELEMENTS, backend="auto",
+                  gram_cache=None):
     """:func:`separability`; ``gram_cache`` (a dict) lets calls on the same values share Gram matrices."""
     ns = as_n_tuple(n)
     job = prepare_separability(pattern, v, ns, distance=distance, ranking=ranking, queries=queries,
-                               exclude_sink=exclude_sink, key_mask=key_mask, query_mask=query_mask)
+                               exclude_sink=exclude_sink, key_mask=key_mask, query_mask=query_mask, window=window)
     out = _run_backend(job, backend, chunk_elements, gram_cache)
     if job.ns != ns:  # the backends work on the distinct N in increasing order
         columns = torch.tensor([job.ns.index(value) for value in ns], device=pattern.device)

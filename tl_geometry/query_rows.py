@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .config import Distance, Ranking
 from .errors import TLGeometryError
-from .selection import selection_scores, squared_value_norms, value_norms64
+from .selection import check_window, selection_scores, squared_value_norms, value_norms64, visible_sources
 
 __all__ = [
     "SeparabilityJob",
@@ -135,8 +135,9 @@ def check_distribution(sums: Tensor, negative: Tensor, visible_mass: Tensor, val
         )
     if bool((((sums - visible_mass) > tolerance) & valid).any()):
         raise TLGeometryError(
-            "pattern puts weight on future (or pad) keys: the model is not causal, or the attention mask "
-            "does not match the run. Geometry needs sources 0..t."
+            "pattern puts weight on keys its queries cannot see (future or pad keys, or keys before a sliding "
+            "window): the model is not causal, the attention mask does not match the run, or window= is "
+            "shorter than the layer's window. Geometry needs each query's visible sources."
         )
 
 
@@ -201,7 +202,8 @@ class QueryRows:
     Attributes:
         qpos: ``[batch, q]`` query positions; ``valid`` ``[batch, q]`` which are real queries.
         alpha: ``[batch, head, q, key]`` weights on visible keys (0 elsewhere).
-        visible: ``[batch, q, key]`` keys ``0..t`` that are real, for real queries.
+        visible: ``[batch, q, key]`` the keys each real query sees (``selection.visible_sources``);
+            ``visible[..., 0]``: the row has its sink.
         values: ``[batch, kv, key, d]``; ``value_norm`` ``[batch, kv, key]``; ``group`` = heads / kv.
         key_mask: ``[batch, key]`` real keys.
     """
@@ -246,9 +248,11 @@ def query_rows(
     queries: str | Tensor = "all",
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> QueryRows:
     """Validate inputs and gather the chosen query rows (see :class:`QueryRows`)."""
     check_inputs(pattern, v)
+    window = check_window(window)
     batch, heads, n_q, n_k = pattern.shape
     device = pattern.device
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
@@ -257,8 +261,7 @@ def query_rows(
     qpos = query_positions(query_mask, queries)
     rows = gather_rows(pattern, qpos).to(dtype)
     valid = query_mask.gather(1, qpos)
-    ar = torch.arange(n_k, device=device)
-    visible = (ar[None, None, :] <= qpos[:, :, None]) & key_mask[:, None, :] & valid[:, :, None]
+    visible = visible_sources(key_mask, qpos, window) & valid[:, :, None]
     alpha = torch.where(visible[:, None], rows, 0.0)
     check_rows(rows, alpha.sum(-1), valid, pattern.dtype)
     values = v.to(dtype).permute(0, 2, 1, 3).contiguous()
@@ -290,6 +293,7 @@ class SeparabilityJob:
         qpos: ``[batch, q]`` chosen query positions; ``all_rows``: they are every position.
         key_mask, query_mask: ``[batch, pos]`` booleans.
         dtype: the working dtype (float32 or wider).
+        window: the layer's sliding window (None: whole causal prefixes; ``selection.visible_sources``).
     """
 
     pattern: Float[Tensor, "batch head query key"]
@@ -303,6 +307,7 @@ class SeparabilityJob:
     key_mask: Bool[Tensor, "batch key"]
     query_mask: Bool[Tensor, "batch query"]
     dtype: torch.dtype
+    window: int | None = None
 
     @property
     def group(self) -> int:
@@ -316,10 +321,11 @@ class SeparabilityJob:
 
 
 def prepare_separability(pattern, v, ns: tuple[int, ...], *, distance, ranking, queries, exclude_sink,
-                         key_mask, query_mask) -> SeparabilityJob:
+                         key_mask, query_mask, window=None) -> SeparabilityJob:
     """Check the arguments of :func:`tl_geometry.separability` and build its job; the job holds
     the distinct ``ns`` in increasing order, and the caller puts the columns back in its order."""
     check_inputs(pattern, v)
+    window = check_window(window)
     if distance not in ("euclidean", "cosine"):
         raise TLGeometryError(f"distance must be 'euclidean' or 'cosine'; got {distance!r}.")
     batch, heads, n_q, n_k = pattern.shape
@@ -343,7 +349,7 @@ def prepare_separability(pattern, v, ns: tuple[int, ...], *, distance, ranking, 
     elif ranking not in ("attention", "contribution"):
         raise TLGeometryError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
     return SeparabilityJob(pattern, v, tuple(sorted(set(ns))), distance, ranking, qpos, all_rows, exclude_sink,
-                           key_mask, query_mask, dtype)
+                           key_mask, query_mask, dtype, window)
 
 
 def gram_blocks(batch: int, kv: int, gram_bytes: int, budget: int = GRAM_BYTES) -> list[tuple[slice, slice]]:

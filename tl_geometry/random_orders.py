@@ -14,6 +14,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from . import _engine as engine
+from .selection import visible_sources
 
 __all__ = ["random_top_orders"]
 
@@ -42,14 +43,15 @@ def _mix(z: Tensor) -> Tensor:
 
 def random_top_orders(keys: Int[Tensor, " batch"], key_mask: Bool[Tensor, "batch key"], qpos: Int[Tensor, "batch q"],
                       qvalid: Bool[Tensor, "batch q"], n_heads: int, repeats: int, max_n: int,
-                      exclude_sink: bool) -> Int[Tensor, "repeat batch head q max_n"]:
+                      exclude_sink: bool, window: int | None = None) -> Int[Tensor, "repeat batch head q max_n"]:
     """The best ``max_n`` sources of ``repeats`` random rankings of every chosen query (-1 past
-    its candidates, and for pad queries), on ``key_mask``'s device."""
+    its candidates, and for pad queries), on ``key_mask``'s device; the candidates are the
+    visible sources (``window``: the layer's sliding window)."""
     device = key_mask.device
     batch, n_q = qpos.shape
     n_k = key_mask.shape[1]
     positions = torch.arange(n_k, device=device)
-    candidate = key_mask[:, None, :] & (positions <= qpos[..., None])  # [batch, q, key]
+    candidate = visible_sources(key_mask, qpos, window)  # [batch, q, key]
     if exclude_sink:
         candidate &= positions != 0
     n_cand = candidate.sum(-1)  # [batch, q]

@@ -479,6 +479,7 @@ def sink_aware_bounds(
     exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> SinkAwareBounds:
     """Sink-aware lower bounds on Euclidean ``P_N`` and ``R_N`` (Theorems 1–3 of ``docs/theory.md``).
 
@@ -491,11 +492,14 @@ def sink_aware_bounds(
     Valid for any top-N set, so any ``ranking`` works; the sets are those :func:`separability`
     measures with the same arguments (same selection rule, ``exclude_sink`` removes key 0 from
     the candidates). Comparisons carry the rounding slack of Lemma 3 in the safe direction.
-    Shapes as in :func:`tl_geometry.separability`; ``n`` in any order, repeats allowed.
+    Shapes as in :func:`tl_geometry.separability`; ``n`` in any order, repeats allowed. With a
+    sliding ``window`` the sets and candidates are the visible sources'; Theorems 1–2 read the Gram
+    bounds of the whole prefix ``0..t``, a superset of the visible keys (valid, if looser), and
+    a row without its sink has no sink term.
     """
     check_inputs(pattern, v)
     ns = as_n_tuple(n)
-    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
+    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask, window=window)
     batch, heads, n_sel, n_k = rows.alpha.shape
     stats = value_statistics(rows.values, rows.key_mask)
     roundoff = unit_roundoff(rows.values.dtype, pattern.device)

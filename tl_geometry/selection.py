@@ -1,6 +1,8 @@
 """The rules every implementation shares, so that all of them select and count alike.
 
-Which sources a ranking selects (:func:`selection_scores`, :func:`top_order`, the float64
+Which sources a query sees (:func:`visible_sources`: its causal prefix less padding, within
+the layer's sliding window where it has one), which of them a ranking selects
+(:func:`selection_scores`, :func:`top_order`, the float64
 value norms of the contribution ranking, :func:`value_norms64`), and the exactly rounded
 precision quotient. The public metrics, both separability backends, the compiled layer pass,
 the certificates and the sink diagnostics use these and nothing else, so that a certificate
@@ -17,10 +19,42 @@ from . import _engine as engine
 from .backend import on_engine
 from .errors import TLGeometryError
 
-__all__ = ["top_order", "squared_value_norms", "value_norms64", "selection_scores", "precision_from_outside", "COS_EPS"]
+__all__ = ["check_window", "first_visible", "visible_sources", "top_order", "squared_value_norms", "value_norms64", "selection_scores", "precision_from_outside", "COS_EPS"]
 
 # Added to cosine denominators: a zero vector has cosine 0 with everything (the engine's constant).
 COS_EPS = engine.COS_EPS
+
+
+def check_window(window: int | None) -> int | None:
+    """A sliding window as given (``None``: every query sees its whole causal prefix), refused
+    unless it is an int ≥ 1."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise TLGeometryError(f"window must be None (no sliding window) or an int ≥ 1 (query t sees keys "
+                              f"t − window + 1 .. t); got {window!r}.")
+    return window
+
+
+def first_visible(qpos: Int[Tensor, "*batch q"], window: int | None) -> Int[Tensor, "*batch q"]:
+    """The first key each query sees: ``max(0, t − window + 1)`` in a sliding-window layer, else 0.
+
+    >>> first_visible(torch.tensor([0, 3, 9]), 4).tolist()
+    [0, 0, 6]
+    """
+    return torch.zeros_like(qpos) if window is None else (qpos - window + 1).clamp_min(0)
+
+
+def visible_sources(key_mask: Bool[Tensor, "batch key"], qpos: Int[Tensor, "batch q"],
+                    window: int | None) -> Bool[Tensor, "batch q key"]:
+    """The sources each query sees: real keys ``first_visible(t) .. t``. The one definition of a
+    row's candidates (the engine's ``rows.first_visible`` is its compiled twin); position 0 is a
+    row's sink only where it is visible.
+
+    >>> visible_sources(torch.ones(1, 4, dtype=torch.bool), torch.tensor([[3]]), 2).int().tolist()
+    [[[0, 0, 1, 1]]]
+    """
+    positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
+    qpos = qpos.to(key_mask.device)[..., None]
+    return (positions <= qpos) & (positions >= first_visible(qpos, window)) & key_mask[:, None, :]
 
 
 def top_order(score: Float[Tensor, "... key"], m: int) -> Int[Tensor, "... m"]:

@@ -39,7 +39,7 @@ def separability_fused(job: SeparabilityJob, *, gram_cache: dict | None = None) 
     # A Gram matrix V Vᵀ per kv head pays off when many query rows read it (``queries="all"``).
     use_gram = group * n_sel * len(ns) >= k_hi
     rule = engine.Rule(np.asarray(ns, dtype=np.int64), mode, job.exclude_sink, job.distance == "euclidean", use_gram,
-                       group)
+                       group, job.window or 0)
     metrics = engine.Metrics(*(torch.full((batch, heads, n_sel, len(ns)), torch.nan, dtype=dtype) for _ in range(5)),
                              torch.zeros(batch, heads, n_sel, len(ns), dtype=torch.bool))
     checks = engine.RowChecks(*torch.zeros(3, batch, heads, n_sel, dtype=torch.float64))

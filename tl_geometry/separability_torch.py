@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .query_rows import MetricFields, SeparabilityJob, check_rows, gather_rows
-from .selection import COS_EPS, precision_from_outside, selection_scores, top_order, value_norms64
+from .selection import COS_EPS, precision_from_outside, selection_scores, top_order, value_norms64, visible_sources
 
 __all__ = ["separability_torch", "CHUNK_ELEMENTS"]
 
@@ -46,10 +46,10 @@ def separability_torch(job: SeparabilityJob, *, chunk_elements: int = CHUNK_ELEM
         sl = slice(start, start + q.shape[1])
         rows = (pattern[:, :, sl] if job.all_rows else gather_rows(pattern, q)).to(dtype)
         q_valid = job.query_mask.gather(1, q)  # [batch, c]
-        # Causal queries see keys 0..t only: work on the keys the chunk's latest query can see.
+        # Causal queries see keys up to t only: work on the keys the chunk's latest query can see.
         k_hi = int(q.max()) + 1
         ar_k = ar_full[:k_hi]
-        visible = (ar_k[None, None, :] <= q[:, :, None]) & job.key_mask[:, None, :k_hi] & q_valid[:, :, None]
+        visible = visible_sources(job.key_mask[:, :k_hi], q, job.window) & q_valid[:, :, None]
         cand = visible & (ar_k != 0) if job.exclude_sink else visible
         cand = cand[:, None].expand(batch, heads, -1, k_hi)
         alpha = torch.where(visible[:, None], rows[..., :k_hi], 0.0)

@@ -8,6 +8,9 @@ Position 0 is the sink (the BOS token when the tokenizer prepends one). For valu
     sink_mass[t] = α[t, 0];  sink_rank[t] = rank of the sink under the ranking (0 = first)
     align_sink[t, N] = cos(s_N, v_0);  align_current[t, N] = cos(s_N, v_t)
 
+A row whose sliding window has left position 0 behind has no sink: its ``sink_mass``,
+``sink_rank`` and ``align_sink`` are NaN, and :func:`f_by_sink` counts it on neither side.
+
 ``F_N`` with the sink removed from the candidates is ``separability(..., exclude_sink=True)``;
 ``F_N`` split by whether the sink is in the top-N set is :func:`f_by_sink`.
 
@@ -32,7 +35,7 @@ from torch import Tensor
 from .config import Queries, Ranking
 from .metrics import Separability
 from .query_rows import as_n_tuple, query_rows
-from .selection import COS_EPS, top_order
+from .selection import COS_EPS, first_visible, top_order
 
 __all__ = ["SinkGeometry", "sink_geometry", "f_by_sink", "value_norms_and_sink_cosines", "value_sink_statistics"]
 
@@ -47,9 +50,9 @@ class SinkGeometry:
         norm_ratio: ``[batch, kv_head]`` mean_norm / sink_norm.
         sink_cosine: ``[batch, kv_head]`` mean over real j > 0 of cos(v_0, v_j).
         cosine_by_lag: ``[batch, kv_head, key]`` cos(v_0, v_j) at position j (NaN at 0 and pads).
-        sink_mass: ``[batch, head, q]`` α[t, 0] (NaN for pad queries).
+        sink_mass: ``[batch, head, q]`` α[t, 0] (NaN for pad queries and rows without a visible sink).
         sink_rank: ``[batch, head, q]`` sources ranked before the sink (ties to the lower
-            position, so the sink wins ties); float, NaN for pad queries.
+            position, so the sink wins ties); float, NaN for pad queries and rows without a visible sink.
         align_sink, align_current: ``[batch, head, q, n]`` cos(s_N, v_0) and cos(s_N, v_t), NaN
             where N ≥ t + 1 (docs/metrics.md#selection range).
         query_positions: ``[batch, q]``.
@@ -107,6 +110,7 @@ def sink_geometry(
     exclude_sink: bool = False,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> SinkGeometry:
     """Sink diagnostics of one layer (docs/metrics.md#sink). Shapes and definitions: :class:`SinkGeometry`.
 
@@ -114,12 +118,12 @@ def sink_geometry(
         pattern: ``[batch, head, query, key]`` post-softmax weights; v: ``[batch, key, kv_head, d_head]``.
         n: N values for the alignments of the top-N aggregate ``s_N``.
         ranking: ``"attention"``, ``"contribution"`` or scores shaped like the chosen rows.
-        queries, key_mask, query_mask: as in :func:`tl_geometry.separability`.
+        queries, key_mask, query_mask, window: as in :func:`tl_geometry.separability`.
         exclude_sink: the alignments' ``s_N`` aggregates the top-N of sources ``1..t`` (as
             ``separability(..., exclude_sink=True)`` selects); the sink's mass and rank are unchanged.
     """
     ns = as_n_tuple(n)
-    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
+    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask, window=window)
     batch, heads, n_sel, n_k = rows.alpha.shape
     nan = torch.tensor(torch.nan, dtype=rows.alpha.dtype, device=rows.alpha.device)
     key_mask = rows.key_mask
@@ -127,10 +131,11 @@ def sink_geometry(
     norm_stats = value_sink_statistics(*value_norms_and_sink_cosines(rows.values, key_mask))
 
     valid = rows.valid[:, None, :]  # [batch, 1, q]
+    has_sink = rows.visible[:, None, :, 0]  # real rows that see position 0
     score = rows.selection_scores(ranking)
-    sink_mass = torch.where(valid, rows.alpha[..., 0], nan)
+    sink_mass = torch.where(has_sink, rows.alpha[..., 0], nan)
     ahead = ((score > score[..., :1]) & rows.visible[:, None]).sum(-1, dtype=torch.int32)
-    sink_rank = torch.where(valid, ahead.to(rows.alpha.dtype), nan)
+    sink_rank = torch.where(has_sink, ahead.to(rows.alpha.dtype), nan)
 
     n_candidates = rows.candidates(exclude_sink).sum(-1)[:, None, :]  # [batch, 1, q]
     distinct = tuple(sorted(set(ns)))  # nested sets grow over increasing N
@@ -144,7 +149,7 @@ def sink_geometry(
         weights.scatter_(-1, top, rows.alpha.gather(-1, top))
         agg = weights @ v_heads  # s_N [batch, head, q, d]
         defined = valid & (n_candidates > n_value)
-        align_sink[n_value] = torch.where(defined, _cosine(agg, v_heads[:, :, :1]), nan)
+        align_sink[n_value] = torch.where(defined & has_sink, _cosine(agg, v_heads[:, :, :1]), nan)
         align_current[n_value] = torch.where(defined, _cosine(agg, v_current), nan)
     return SinkGeometry(
         n=ns, **norm_stats, sink_mass=sink_mass, sink_rank=sink_rank,
@@ -154,11 +159,15 @@ def sink_geometry(
     )
 
 
-def f_by_sink(sep: Separability) -> tuple[Float[Tensor, "batch head q n"], Float[Tensor, "batch head q n"]]:
-    """``F_N`` where the sink is in the top-N set, and where it is not (NaN elsewhere).
+def f_by_sink(sep: Separability, window: int | None = None
+              ) -> tuple[Float[Tensor, "batch head q n"], Float[Tensor, "batch head q n"]]:
+    """``F_N`` where the sink is in the top-N set, and where it is a candidate left out (NaN
+    elsewhere: undefined rows, and rows whose sliding ``window`` has left the sink behind).
 
     >>> f_sel, f_unsel = f_by_sink(sep)        # doctest: +SKIP
     >>> f_sel.nanmean(), f_unsel.nanmean()      # the paper: a selected sink lowers F_N  # doctest: +SKIP
     """
     nan = torch.tensor(torch.nan, dtype=sep.f.dtype, device=sep.f.device)
-    return torch.where(sep.sink_selected, sep.f, nan), torch.where(~sep.sink_selected & sep.defined, sep.f, nan)
+    has_sink = (first_visible(sep.query_positions, window) == 0)[:, None, :, None].to(sep.f.device)
+    return (torch.where(sep.sink_selected, sep.f, nan),
+            torch.where(~sep.sink_selected & sep.defined & has_sink, sep.f, nan))

@@ -40,8 +40,8 @@ VOTES = ("current", "sink", "other")
 REGIMES = ("retriever", "mixer", "reset")  # the label of a plurality of VOTES[i] is REGIMES[i]
 
 
-def _winners(pattern, v, queries, key_mask, query_mask) -> tuple[Tensor, Tensor]:
-    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask)
+def _winners(pattern, v, queries, key_mask, query_mask, window) -> tuple[Tensor, Tensor]:
+    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask, window=window)
     score = rows.alpha * rows.per_head(rows.value_norm)[:, :, None, :]
     score = torch.where(rows.visible[:, None], score, -torch.inf)
     winner = score.argmax(-1)  # the first maximum: ties go to the lower position
@@ -56,10 +56,13 @@ def winner_sources(
     queries: Queries | Tensor = "all",
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> Int[Tensor, "batch head q"]:
-    """Winner source of every chosen query: ``argmax_j α[t, j]·‖v_j‖`` over the visible real keys,
-    ties to the lower position; ``-1`` for queries that cast no vote (pads and position 0)."""
-    return _winners(pattern, v, queries, key_mask, query_mask)[0]
+    """Winner source of every chosen query: ``argmax_j α[t, j]·‖v_j‖`` over the visible real keys
+    (within the layer's sliding ``window``, where it has one: a row that no longer sees position 0
+    votes ``current`` or ``other``), ties to the lower position; ``-1`` for queries that cast no
+    vote (pads and position 0)."""
+    return _winners(pattern, v, queries, key_mask, query_mask, window)[0]
 
 
 def votes_from_winners(winners: Int[Tensor, "batch head q"], qpos: Int[Tensor, "batch q"]) -> Int[Tensor, "batch head 3"]:
@@ -76,9 +79,10 @@ def vote_counts(
     queries: Queries | Tensor = "all",
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> Int[Tensor, "batch head 3"]:
     """Votes per sequence and head, ``[..., (current, sink, other)]``."""
-    return votes_from_winners(*_winners(pattern, v, queries, key_mask, query_mask))
+    return votes_from_winners(*_winners(pattern, v, queries, key_mask, query_mask, window))
 
 
 def offset_counts(winners: Int[Tensor, "batch head q"], qpos: Int[Tensor, "batch q"], n_pos: int
@@ -99,11 +103,14 @@ class HeadTaxonomy:
         votes: ``[n_layers, n_heads, 3]`` counts of (current, sink, other) votes.
         offsets: ``[n_layers, n_heads, max_offset]`` counts of ``t − w(t)`` among ``other`` votes.
         settings: how the votes were collected (model, corpus, queries, …).
+        sinkless: ``[n_layers, n_heads]`` votes cast by rows whose sliding window had left the sink
+            behind (they could vote only ``current`` or ``other``); None where not counted.
     """
 
     votes: Int[Tensor, "layer head 3"]
     offsets: Int[Tensor, "layer head offset"] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    sinkless: Int[Tensor, "layer head"] | None = None
 
     def __repr__(self) -> str:
         layers, heads = self.shape
@@ -134,6 +141,15 @@ class HeadTaxonomy:
         """Vote shares (current, sink, other); NaN for a head without votes."""
         total = self.votes.sum(-1, keepdim=True)
         return self.votes / total.where(total > 0, torch.nan)
+
+    @property
+    def sinkless_share(self) -> Float[Tensor, "layer head"]:
+        """Share of each head's votes cast by rows that could not see the sink (sliding windows):
+        a ``mixer`` label rests on the other rows only. NaN without votes or counts."""
+        total = self.votes.sum(-1).double()
+        if self.sinkless is None:
+            return torch.full(total.shape, torch.nan, dtype=torch.float64)
+        return self.sinkless / total.where(total > 0, torch.nan)
 
     @property
     def dominant_offset(self) -> Int[Tensor, "layer head"]:
@@ -183,6 +199,8 @@ class HeadTaxonomy:
         metrics.update({f"share_{k}": self.shares[..., i] for i, k in enumerate(VOTES)})
         if self.offsets is not None:
             metrics["dominant_offset"] = self.dominant_offset
+        if self.sinkless is not None:
+            metrics["votes_sinkless"] = self.sinkless
         frames = [pd.DataFrame({**base, "metric": name, "value": value.reshape(-1).double().numpy()})
                   for name, value in metrics.items()]
         return pd.concat(frames, ignore_index=True)
@@ -206,12 +224,13 @@ class HeadTaxonomy:
             width = max(self.offsets.shape[-1], other.offsets.shape[-1])
             offsets = torch.nn.functional.pad(self.offsets, (0, width - self.offsets.shape[-1])) + \
                 torch.nn.functional.pad(other.offsets, (0, width - other.offsets.shape[-1]))
-        return HeadTaxonomy(self.votes + other.votes, offsets, dict(self.settings))
+        sinkless = None if self.sinkless is None or other.sinkless is None else self.sinkless + other.sinkless
+        return HeadTaxonomy(self.votes + other.votes, offsets, dict(self.settings), sinkless)
 
     def save(self, path: str | Path) -> None:
         """One safetensors file (counts) with the settings as JSON metadata."""
-        tensors = {"votes": self.votes} if self.offsets is None else {"votes": self.votes, "offsets": self.offsets}
-        save_tensors(path, "HeadTaxonomy", tensors, settings=self.settings)
+        tensors = {"votes": self.votes, "offsets": self.offsets, "sinkless_votes": self.sinkless}
+        save_tensors(path, "HeadTaxonomy", {k: v for k, v in tensors.items() if v is not None}, settings=self.settings)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadTaxonomy:
@@ -220,7 +239,7 @@ class HeadTaxonomy:
         if votes is None or votes.ndim != 3 or votes.shape[-1] != 3 or not isinstance(settings, dict):
             raise TLGeometryError(f"cannot read {path} (its votes or settings are missing or malformed): rerun "
                                   "tl-geometry analyze")
-        return cls(votes, tensors.get("offsets"), settings)
+        return cls(votes, tensors.get("offsets"), settings, tensors.get("sinkless_votes"))
 
 
 class TaxonomyAccumulator:
@@ -229,11 +248,16 @@ class TaxonomyAccumulator:
     def __init__(self, n_layers: int, n_heads: int, n_pos: int):
         self.votes = torch.zeros(n_layers, n_heads, 3, dtype=torch.long)
         self.offsets = torch.zeros(n_layers, n_heads, n_pos, dtype=torch.long)
+        self.sinkless = torch.zeros(n_layers, n_heads, dtype=torch.long)
 
-    def add_votes(self, layer: int, votes: Int[Tensor, "batch head 3"], offsets: Int[Tensor, "batch head key"]) -> None:
-        """Votes and offset counts of one layer's windows (``measure_layer``'s)."""
+    def add_votes(self, layer: int, votes: Int[Tensor, "batch head 3"], offsets: Int[Tensor, "batch head key"],
+                  sinkless: Int[Tensor, " batch"] | None = None) -> None:
+        """Votes and offset counts of one layer's windows (``measure_layer``'s), and the votes each
+        window's rows cast without a visible sink (every head of a layer votes on the same rows)."""
         self.votes[layer] += votes.sum(0).cpu()
         self.offsets[layer] += offsets.sum(0).cpu()
+        if sinkless is not None:
+            self.sinkless[layer] += int(sinkless.sum())
 
     def result(self, settings: dict[str, Any]) -> HeadTaxonomy:
-        return HeadTaxonomy(self.votes.clone(), self.offsets.clone(), dict(settings))
+        return HeadTaxonomy(self.votes.clone(), self.offsets.clone(), dict(settings), self.sinkless.clone())

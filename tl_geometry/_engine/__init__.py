@@ -64,11 +64,11 @@ def layer_rows(rows: LayerRows, values: Values, rule: Rule, plan: LayerPlan, out
 
 
 def random_top_orders(keys: np.ndarray, key_mask: np.ndarray, qpos: np.ndarray, qvalid: np.ndarray,
-                      exclude_sink: bool, out: np.ndarray) -> None:
+                      exclude_sink: bool, window: int, out: np.ndarray) -> None:
     """The random rankings' best sources ``out[repeat, batch, head, q, :max_n]``, as the layer pass
-    draws them (``keys`` ``[batch]`` uint64)."""
+    draws them (``keys`` ``[batch]`` uint64; ``window`` as ``Rule.window``)."""
     with team(out.shape[1] * out.shape[2] * out.shape[3] * key_mask.shape[1]):
-        _random.random_top_orders(keys, key_mask, qpos, qvalid, exclude_sink, out)
+        _random.random_top_orders(keys, key_mask, qpos, qvalid, exclude_sink, window, out)
 
 
 def pair_cosine_statistics(gram: np.ndarray, norms: np.ndarray, nonsink: np.ndarray, newest: np.ndarray,

@@ -34,7 +34,8 @@ class Rule(NamedTuple):
     """How rows are selected and measured: ``ns`` the distinct N, increasing (output column
     ``j`` holds ``ns[j]``); ``ranking`` 0 attention, 1 contribution ``α‖v‖``, 2 the caller's
     scores; query head ``h`` reads kv head ``h // group``; ``use_gram``: ``⟨v_k, s_N⟩`` from
-    Gram rows, else from direct products."""
+    Gram rows, else from direct products; ``window`` the layer's sliding window (query ``t``
+    sees keys ``t − window + 1 .. t``; 0: its whole causal prefix, ``rows.first_visible``)."""
 
     ns: np.ndarray
     ranking: int
@@ -42,6 +43,7 @@ class Rule(NamedTuple):
     euclidean: bool
     use_gram: bool
     group: int
+    window: int
 
 
 class Metrics(NamedTuple):

@@ -25,7 +25,7 @@ from . import core
 from .bundles import LayerOutputs
 from .options import INLINE, NO_RC
 from .random_stream import candidates, sample
-from .rows import first_maximum, scan_row, select
+from .rows import first_maximum, first_visible, scan_row, select
 
 __all__ = ["layer_rows"]
 
@@ -46,12 +46,13 @@ class LayerScratch(NamedTuple):
 
 
 @njit(**INLINE)
-def _checks_and_votes(rows, values, plan, at, ls, out):
-    """The row's distribution checks (a failing real row counted in ``bad_rows``) and its vote;
-    returns whether it is a real query."""
+def _checks_and_votes(rows, rule, plan, at, ls, out):
+    """The row's distribution checks (a failing real row counted in ``bad_rows``) and its vote
+    (the winner among the visible keys); returns whether it is a real query."""
     b, h, kv, t, _, _ = at
     checks = out.checks
-    total, negatives, visible = scan_row(rows.pattern, at, rows.key_mask, t + 1, rows.norms, ls.scores)
+    total, negatives, visible = scan_row(rows.pattern, at, rows.key_mask, first_visible(rule.window, t), t + 1,
+                                         rows.norms, ls.scores)
     checks.total[b, h, t], checks.negatives[b, h, t], checks.visible[b, h, t] = total, negatives, visible
     best = first_maximum(ls.scores, ls.bits, t + 1)
     if not rows.query_mask[b, t]:
@@ -73,9 +74,12 @@ def _checks_and_votes(rows, values, plan, at, ls, out):
 @njit(**INLINE)
 def _sink_standing(rows, values, rule, at, s, listed, sink):
     """The sink's mass and rank: the number of candidates ranked before it (those listed before it
-    when it is listed; otherwise every visible key that outscores it, ties to the sink)."""
+    when it is listed; otherwise every visible key that outscores it, ties to the sink). A row
+    whose window has left the sink behind has none (both stay NaN)."""
     b, h, kv, t, row, q = at
     pattern, key_mask = rows.pattern, rows.key_mask
+    if first_visible(rule.window, t) > 0:
+        return
     sink.mass[b, h, q] = float(pattern[b, h, row, 0]) if key_mask[b, 0] else 0.0
     if listed >= 0:
         sink.rank[b, h, q] = listed
@@ -111,9 +115,10 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
         core.write_metrics(out.metrics, at, j, st, sink_rank < n)
         if nosink_in_top and n < n_cand - 1:
             out.sink.f_nosink[b, h, q, j] = core.nosink_f(s, st, n)
-        if plan.want_sink:
+        if plan.want_sink and first_visible(rule.window, t) == 0:  # a sink out of view: NaN
             out.sink.align_sink[b, h, q, j] = s.proj[0] / (st.agg_norm * math.sqrt(values.squares[b, kv, 0])
                                                            + core.COS_EPS)
+        if plan.want_sink:
             out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
                                                               + core.COS_EPS)
         if plan.want_bounds:  # the theorems bound the same measurement: the largest bound holds
@@ -175,7 +180,7 @@ def _random(rows, values, rule, plan, at, ls, out):
     """Variant RANDOM: P, R, F of ``plan.n_random`` random rankings, summed; the row's
     candidates listed once."""
     b, h, _, t, _, q = at
-    n_cand = candidates(rows.key_mask, b, t, rule.exclude_sink, ls.cand_base)
+    n_cand = candidates(rows.key_mask, b, first_visible(rule.window, t), t, rule.exclude_sink, ls.cand_base)
     m = min(rule.ns[rule.ns.shape[0] - 1], n_cand)
     for r in range(plan.n_random):
         for k in range(n_cand):
@@ -201,7 +206,7 @@ def _measure(rows, values, rule, plan, at, ls, out):
             listed = rank
     if plan.want_sink:
         _sink_standing(rows, values, rule, at, s, listed, out.sink)
-    sink_candidate = not rule.exclude_sink and rows.key_mask[at[0], 0]
+    sink_candidate = not rule.exclude_sink and rows.key_mask[at[0], 0] and first_visible(rule.window, at[3]) == 0
     nosink_in_top = plan.want_sink and sink_candidate and not 0 <= listed < max_n
     core.weighted_sizes(values, rule, at, s)  # shared by every variant of the row
     w_max = core.unit_weights(values, at, s) if plan.want_bounds else (0.0, 0.0)
@@ -227,7 +232,7 @@ def _task(rows, values, rule, plan, b, h, ls, out):
         # Keys 0..t only: a causal model's later entries are the softmax's exact zeros, and
         # mass there would leave these sums short of 1 (refused). Halves the bytes read.
         at = (b, h, kv, t, t, t if plan.geometry_all else 0)
-        if _checks_and_votes(rows, values, plan, at, ls, out) and (plan.geometry_all or t == last):
+        if _checks_and_votes(rows, rule, plan, at, ls, out) and (plan.geometry_all or t == last):
             _measure(rows, values, rule, plan, at, ls, out)
 
 

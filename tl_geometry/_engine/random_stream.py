@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from .options import NO_RC
+from .rows import first_visible
 
 __all__ = ["GOLDEN", "MIX", "HEAD", "QUERY", "sample", "candidates", "random_top_orders"]
 
@@ -49,10 +50,11 @@ def sample(cand, n_cand, m, key, h, t, r, order):
 
 
 @njit(**NO_RC)
-def candidates(key_mask, b, t, exclude_sink, cand):
-    """The candidate sources of query ``t`` in increasing position into ``cand``; returns their number."""
+def candidates(key_mask, b, lo, t, exclude_sink, cand):
+    """The candidate sources of query ``t`` (visible keys ``lo..t``) in increasing position into
+    ``cand``; returns their number."""
     n_cand = 0
-    for k in range(t + 1):
+    for k in range(lo, t + 1):
         if key_mask[b, k] and not (exclude_sink and k == 0):
             cand[n_cand] = k
             n_cand += 1
@@ -60,10 +62,10 @@ def candidates(key_mask, b, t, exclude_sink, cand):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def random_top_orders(keys, key_mask, qpos, qvalid, exclude_sink, out):
+def random_top_orders(keys, key_mask, qpos, qvalid, exclude_sink, window, out):
     """The random rankings' best sources ``out[repeat, batch, head, q, :max_n]`` (left as the
-    caller filled them past the candidates), exactly as the layer pass draws them; one task per
-    (sequence, head)."""
+    caller filled them past the candidates), exactly as the layer pass draws them (``window``:
+    ``Rule.window``); one task per (sequence, head)."""
     n_heads, n_q, max_n = out.shape[2], qpos.shape[1], out.shape[4]
     for task in numba.prange(qpos.shape[0] * n_heads):
         b = task // n_heads
@@ -75,7 +77,7 @@ def random_top_orders(keys, key_mask, qpos, qvalid, exclude_sink, out):
             if not qvalid[b, qi]:
                 continue
             for r in range(out.shape[0]):
-                n_cand = candidates(key_mask, b, t, exclude_sink, cand)
+                n_cand = candidates(key_mask, b, first_visible(window, t), t, exclude_sink, cand)
                 sample(cand, n_cand, min(max_n, n_cand), keys[b], h, t, r, order)
                 for rank in range(min(max_n, n_cand)):
                     out[r, b, h, qi, rank] = order[rank]

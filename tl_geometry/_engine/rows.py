@@ -14,10 +14,17 @@ from numba import njit
 
 from .options import INLINE, NO_RC, SUMS
 
-__all__ = ["insert_top", "scan_row", "select", "first_maximum", "BLOCK"]
+__all__ = ["first_visible", "insert_top", "scan_row", "select", "first_maximum", "BLOCK"]
 
 # Keys per block of the winner search.
 BLOCK = 16
+
+
+@njit(**NO_RC)
+def first_visible(window, t):
+    """The first key query ``t`` sees: ``t − window + 1`` in a sliding-window layer (``window`` > 0),
+    else 0 (the whole causal prefix). The visible keys of a row are ``first_visible .. t``, real."""
+    return max(0, t - window + 1) if window > 0 else 0
 
 
 @njit(**NO_RC)
@@ -38,9 +45,9 @@ def insert_top(top_idx, top_score, filled, m, k, score):
 
 
 @njit(fastmath=SUMS, **NO_RC)
-def scan_row(rows, at, key_mask, n_keys, norms, scores):
+def scan_row(rows, at, key_mask, lo, n_keys, norms, scores):
     """Over keys ``0..n_keys-1`` of the row: its sum (float64; NaN and inf propagate), its
-    number of negative entries and its mass on the visible keys (``0..t``, real). Where
+    number of negative entries and its mass on the visible keys (``lo..t``, real). Where
     ``scores`` is not empty, in the same pass, the winner scores ``α_k‖v_k‖`` of keys ``0..t``
     (the pattern's dtype; ``norms[b, kv]``; -1 off the visible keys) for :func:`first_maximum`:
     the row is read once."""
@@ -53,11 +60,12 @@ def scan_row(rows, at, key_mask, n_keys, norms, scores):
     for k in range(n_visible):
         a = rows[b, h, row, k]
         fa = float(a)
+        seen = key_mask[b, k] and k >= lo
         total += fa
-        visible += fa if key_mask[b, k] else 0.0
+        visible += fa if seen else 0.0
         negatives += 1 if fa < 0 else 0
         if want_scores:
-            scores[k] = a * norms[b, kv, k] if key_mask[b, k] else -1.0
+            scores[k] = a * norms[b, kv, k] if seen else -1.0
     for k in range(n_visible, n_keys):
         a = float(rows[b, h, row, k])
         total += a
@@ -70,14 +78,19 @@ def select(rows, scores, at, key_mask, norms64, rule, m, s):
     """The row's weights ``s.alpha`` (0 off the candidates), candidate flags ``s.excluded`` (0 for
     a candidate, +inf otherwise: added to a distance it drops the key from every statistic
     without a branch) and its best-``m`` candidates ``s.top_idx`` by the ranking (``scores``
-    ``[batch, head, q, key]`` read for ranking 2 only); returns (candidates, listed)."""
+    ``[batch, head, q, key]`` read for ranking 2 only); returns (candidates, listed). Candidates
+    are the visible keys (:func:`first_visible` ``.. t``, real), less key 0 with ``exclude_sink``."""
     b, h, kv, t, row, _ = at
     alpha, excluded, top_idx, top_score = s.alpha, s.excluded, s.top_idx, s.top_score
     exclude_sink, ranking = rule.exclude_sink, rule.ranking
     n_cand = 0
     filled = 0
-    m = min(m, t + 1)
-    for k in range(t, -1, -1):
+    lo = first_visible(rule.window, t)
+    m = min(m, t + 1 - lo)
+    for k in range(lo):  # before the window: no weight, never a candidate
+        alpha[k] = 0.0
+        excluded[k] = math.inf
+    for k in range(t, lo - 1, -1):
         a = float(rows[b, h, row, k])
         candidate = key_mask[b, k] and not (exclude_sink and k == 0)
         alpha[k] = a if candidate else 0.0

@@ -7,7 +7,7 @@ from numba import njit
 
 from . import core
 from .options import NO_RC
-from .rows import scan_row, select
+from .rows import first_visible, scan_row, select
 
 __all__ = ["separability_rows", "ROWS_PER_TASK"]
 
@@ -20,7 +20,8 @@ def _row(inputs, values, rule, at, s, metrics, checks):
     """One row: its checks, then (a real query) its selection and metrics at every defined N."""
     b, h, _, t, q, _ = at
     checks.total[b, h, q], checks.negatives[b, h, q], checks.visible[b, h, q] = scan_row(
-        inputs.rows, at, inputs.key_mask, inputs.rows.shape[3], values.norms64, s.dist[:0])  # no winner scores
+        inputs.rows, at, inputs.key_mask, first_visible(rule.window, t), inputs.rows.shape[3], values.norms64,
+        s.dist[:0])  # no winner scores
     if not inputs.qvalid[b, q]:
         return
     ns = rule.ns
