@@ -254,7 +254,6 @@ def query_rows(
     check_inputs(pattern, v)
     window = check_window(window)
     batch, heads, n_q, n_k = pattern.shape
-    device = pattern.device
     dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
     key_mask, query_mask = default_masks(pattern, key_mask, query_mask)
     v = finite_values(v, key_mask)

@@ -11,7 +11,14 @@ import torch
 from torch import Tensor
 
 from .query_rows import MetricFields, SeparabilityJob, check_rows, gather_rows
-from .selection import COS_EPS, precision_from_outside, selection_scores, top_order, value_norms64, visible_sources
+from .selection import (
+    COS_EPS,
+    precision_from_outside,
+    selection_scores,
+    top_order,
+    value_norms64,
+    visible_sources,
+)
 
 __all__ = ["separability_torch", "CHUNK_ELEMENTS"]
 
