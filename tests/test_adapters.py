@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -15,11 +16,14 @@ from tl_geometry.adapters import (
     hook_names,
     read_layer,
     stream_layers,
+    unexplained_window,
 )
 from tl_geometry.analysis import analyze
 from tl_geometry.errors import TLGeometryError
 
-from .tiny import random_tokens, tiny_bridge, tiny_hooked
+import tl_geometry as tlg
+
+from .tiny import random_tokens, tiny_bridge, tiny_hooked, tiny_windowed
 
 
 def _collect(model, tokens, **kwargs):
@@ -188,24 +192,30 @@ def test_real_smollm2_streamed_forward(smollm2):
     torch.testing.assert_close(z, cache["blocks.7.attn.hook_z"], atol=1e-4, rtol=1e-4)
 
 
-def test_sliding_window_layers_read_from_the_hooked_config_and_warned():
+def test_sliding_window_layers_read_from_the_hooked_config():
     model = tiny_hooked(use_local_attn=True, attn_types=["global", "local", "global"], window_size=4)
     assert describe_model(model).sliding_windows == {1: 4}
     seen = {}
-    with pytest.warns(UserWarning, match=r"1 of 3 layers .*\(layer 1\) attend only to the last 4 positions"):
-        stream_layers(model, random_tokens(1, 8), lambda layer, att: seen.setdefault(layer, att))
+    stream_layers(model, random_tokens(1, 8), lambda layer, att: seen.setdefault(layer, att))
     # what the adapters read is what the model does: the local layer's last query sees 4 keys
+    assert (seen[0].window, seen[1].window) == (None, 4)
     assert int((seen[1].pattern[0, :, -1] > 0).sum(-1).max()) == 4
     assert int((seen[0].pattern[0, :, -1] > 0).sum(-1).min()) == 8
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a window no longer than the sequence's reach warns nothing,
-        stream_layers(model, random_tokens(1, 4), lambda layer, att: None)
-        stream_layers(model, random_tokens(1, 8), lambda layer, att: None, layers=[0, 2])  # nor the global layers
-    assert describe_model(model).layers_seeing(8) == [0, 2] and describe_model(model).layers_seeing(4) == [0, 1, 2]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        analyze(model, random_tokens(3, 8), n=(1, 2), batch_size=1, progress=False)
-    assert sum("sliding window" in str(w.message) for w in caught) == 1  # once, not once per batch
+    assert all(unexplained_window(att) is None for att in seen.values())
+
+
+@pytest.mark.parametrize("style", ["hooked", "mistral"])
+def test_a_window_no_configuration_declares_is_told_by_the_pattern(style):
+    model = tiny_windowed(style, layers=("global", "local", "global"), window=4)
+    seen = {}
+    stream_layers(model, random_tokens(2, 9), lambda layer, att: seen.setdefault(layer, att))
+    assert unexplained_window(replace(seen[1], window=None)) == 4  # as a cache without its model reads it
+    assert unexplained_window(replace(seen[1], window=6)) == 4  # a declared window wider than the model's
+    assert unexplained_window(seen[1]) is None and unexplained_window(seen[0]) is None
+    _, cache = model.run_with_cache(random_tokens(2, 9), names_filter=tlg.names_filter)
+    with pytest.warns(UserWarning, match=r"layer 1: every head's last query gives weight exactly 0 to each position "
+                                         r"before its last 4,.* declares none"):
+        analyze(dict(cache.items()), n=(1, 2), progress=False, bootstrap=10)
 
 
 @pytest.mark.parametrize("hf_config, expected", [
@@ -216,6 +226,11 @@ def test_sliding_window_layers_read_from_the_hooked_config_and_warned():
     ({"sliding_window": None}, {}),
     ({"text_config": SimpleNamespace(sliding_window=8, layer_types=["full_attention"] * 2 + ["sliding_attention"])},
      {2: 8}),
+    # Qwen2 before layer_types: the layers from max_window_layers on slide
+    ({"sliding_window": 32, "use_sliding_window": True, "max_window_layers": 1}, {1: 32, 2: 32}),
+    ({"sliding_window": 32, "use_sliding_window": False, "max_window_layers": 1}, {}),
+    # GPT-Neo: window_size on its "local" attention_layers
+    ({"window_size": 256, "attention_layers": ["global", "local", "global"]}, {1: 256}),
 ])
 def test_sliding_window_layers_read_from_a_bridged_hugging_face_config(hf_config, expected):
     model = SimpleNamespace(cfg=SimpleNamespace(), original_model=SimpleNamespace(config=SimpleNamespace(**hf_config)))

@@ -9,10 +9,12 @@ import torch
 
 import tl_geometry as tlg
 import tl_geometry.analysis as analysis_module
+from tl_geometry.adapters import describe_model
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.taxonomy import vote_counts
 
-from .tiny import random_tokens, tiny_model
+from .oracle import oracle_separability
+from .tiny import WINDOW_STYLES, random_tokens, tiny_model, tiny_windowed
 
 
 def test_one_pass_equals_separate_passes_and_per_layer_votes(tmp_path):
@@ -65,6 +67,7 @@ def test_texts_are_tokenised_with_bos_and_right_padding(smollm2):
 _KILLED_RUN = """
 import time, torch, tl_geometry as tlg
 import tl_geometry.analysis as analysis_module
+from tl_geometry.adapters import describe_model
 from tests.tiny import tiny_model, random_tokens
 real = analysis_module.stream_layers
 def slow(*args, **kwargs):
@@ -271,3 +274,42 @@ def test_string_tokens_are_refused_as_texts(smollm2):
         tlg.analyze(smollm2, smollm2.to_str_tokens("The cat sat on the mat."), progress=False)
     with pytest.raises(TLGeometryError, match="string tokens"):
         tlg.analyze(smollm2, [" cat", " sat", " on"], progress=False)
+
+
+@pytest.mark.parametrize("style,dtype", [(style, torch.float32) for style in WINDOW_STYLES]
+                         + [("gemma3", torch.bfloat16), ("hooked", torch.bfloat16)])
+def test_sliding_window_layers_are_measured_over_the_sources_their_queries_see(style, dtype):
+    """Every configuration style, both model classes, GQA, left padding: each layer's F equals the
+    oracle over the visible sources (t − 3 .. t in the local layers), the random baseline at N = 1 is
+    exactly 1, and rows that no longer see the sink have no sink statistics and vote without it."""
+    layers = ("global", "local", "local") if style == "qwen2" else ("local", "global", "local")
+    model = tiny_windowed(style, layers, window=4).to(dtype)
+    windows = {layer: 4 for layer, kind in enumerate(layers) if kind == "local" or style == "mistral"}
+    assert describe_model(model).sliding_windows == windows
+    tokens = random_tokens(2, 11, seed=3)
+    mask = torch.ones_like(tokens)
+    mask[1, :3] = 0  # the second window left-padded: it starts at position 3
+    tokens[0, 0] = tokens[1, 3] = model.tokenizer.bos_token_id
+    ns = (1, 2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn: every window starts with BOS, every window is declared
+        res = tlg.analyze(model, tokens, ns, attention_mask=mask, queries="all", repeats=2, progress=False,
+                          bootstrap=10)
+    assert res.geometry.windows_without_bos == []
+    seen = {}
+    tlg.stream_layers(model, tokens, lambda layer, att: seen.setdefault(layer, att), attention_mask=mask)
+    for layer, att in seen.items():
+        assert att.window == windows.get(layer)
+        ref = oracle_separability(att.pattern, att.kv_values, ns, key_mask=att.key_mask, query_mask=att.query_mask,
+                                  window=windows.get(layer))
+        torch.testing.assert_close(res.geometry.per_sequence["f_top"][:, layer], ref["f"].nanmean(2).float(),
+                                   atol=1e-6, rtol=0, equal_nan=True)
+        random_n1 = res.geometry.per_sequence["f_random"][:, layer, :, 0]
+        # the selected point is the aggregate, and no unseen key ties it (in bfloat16 a repeated token's
+        # equal weight and value can: contributions that coincide are a tie by the definition)
+        assert dtype != torch.float32 or bool((random_n1 == 1).all())
+        # voting rows t ≥ 4 (11 and 8 real tokens: 7 + 4 rows) see no sink in a windowed layer
+        assert res.taxonomy.sinkless[layer].tolist() == [11 if layer in windows else 0] * 4
+    with_sink = tlg.separability(seen[0].pattern, seen[0].kv_values, 1, **seen[0].visibility)
+    undefined = torch.isnan(with_sink.f[1, :, :, 0])  # left-aligned: 8 real tokens, then the pads
+    assert bool(undefined[:, [0, 8, 9, 10]].all()) and not bool(undefined[:, 1:8].any())  # query 0 has one source

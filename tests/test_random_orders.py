@@ -10,8 +10,9 @@ from tl_geometry import _engine as engine
 from tl_geometry.random_orders import random_top_orders
 
 
+@pytest.mark.parametrize("window", [None, 1, 5])
 @pytest.mark.parametrize("exclude_sink", [False, True])
-def test_torch_draws_equal_the_engines(exclude_sink):
+def test_torch_draws_equal_the_engines(exclude_sink, window):
     g = torch.Generator().manual_seed(1)
     for _ in range(12):
         batch, heads, n_k = 3, 4, int(torch.randint(2, 40, (1,), generator=g))
@@ -22,9 +23,13 @@ def test_torch_draws_equal_the_engines(exclude_sink):
         repeats, max_n = 3, int(torch.randint(1, 12, (1,), generator=g))
         expected = torch.full((repeats, batch, heads, 5, max_n), -1, dtype=torch.int64)
         engine.random_top_orders(keys.numpy().view(np.uint64), key_mask.numpy(), qpos.numpy(), qvalid.numpy(),
-                                 exclude_sink, expected.numpy())
-        assert torch.equal(random_top_orders(keys, key_mask, qpos, qvalid, heads, repeats, max_n, exclude_sink),
-                           expected)
+                                 exclude_sink, window or 0, expected.numpy())
+        got = random_top_orders(keys, key_mask, qpos, qvalid, heads, repeats, max_n, exclude_sink, window)
+        assert torch.equal(got, expected)
+        if window is not None:  # every draw is a visible source
+            drawn = got >= 0
+            t = qpos[None, :, None, :, None].expand_as(got)
+            assert bool(((got > t - window) & (got <= t))[drawn].all())
 
 
 def test_a_first_draw_is_uniform_over_the_candidates():

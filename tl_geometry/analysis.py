@@ -281,15 +281,15 @@ def _warn_unmasked_padding(tokens: Tensor, attention_mask: Tensor | None, pad: i
 def _bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_id: int | None, window_ids: Tensor,
                 from_cache: bool) -> dict[str, Any]:
     """Whether each window starts with the model's BOS, for the results' settings
-    (``{"known": bool, "without": [window ids]}``), told once: which windows lack it and how to
-    prepend it, or that it cannot be known."""
+    (``{"known": bool, "without": [window ids]}``). Told where the caller can act: the windows that
+    lack a BOS the tokenizer has (and how to prepend it), or a cache analysed without the tokens
+    that would tell. A model without a BOS id has none to miss: its results say "BOS unknown"."""
     flags = bos_flags(tokens, attention_mask, bos_token_id)
     if flags is None:
-        why = ("the cache came without its tokens (pass them: tlg.analyze(cache, tokens))" if tokens is None and
-               from_cache else "the model's tokenizer has no BOS token id")
-        warnings.warn(f"cannot tell whether the windows start with BOS: {why}. Position 0 is taken as the sink; "
-                      "if it is an ordinary token, the sink statistics and mixer labels describe that token.",
-                      stacklevel=3)
+        if from_cache and tokens is None and bos_token_id is not None:
+            warnings.warn("cannot tell whether the cached windows start with BOS without their tokens: position 0 is "
+                          "taken as the sink. Pass the tokens, tlg.analyze(cache, tokens), to have it checked.",
+                          stacklevel=3)
         return {"known": False, "without": []}
     without = window_ids[~flags].tolist()
     if without:
