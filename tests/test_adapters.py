@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import tl_geometry as tlg
 from tl_geometry.adapters import (
     _sliding_windows,
     align_value_heads,
@@ -20,8 +20,6 @@ from tl_geometry.adapters import (
 )
 from tl_geometry.analysis import analyze
 from tl_geometry.errors import TLGeometryError
-
-import tl_geometry as tlg
 
 from .tiny import random_tokens, tiny_bridge, tiny_hooked, tiny_windowed
 

@@ -310,6 +310,35 @@ def test_sliding_window_layers_are_measured_over_the_sources_their_queries_see(s
         assert dtype != torch.float32 or bool((random_n1 == 1).all())
         # voting rows t ≥ 4 (11 and 8 real tokens: 7 + 4 rows) see no sink in a windowed layer
         assert res.taxonomy.sinkless[layer].tolist() == [11 if layer in windows else 0] * 4
+    table = res.heads_table()
+    sinkless = table.set_index("name")["share_sinkless"]  # the label's basis: 11 of each windowed head's 17 votes
+    assert sinkless["L2H0"] == 11 / 17 and sinkless["L1H0"] == (11 / 17 if 1 in windows else 0)
+    assert table.attrs["bos"] == "every window starts with BOS" and table.attrs["windows_without_bos"] == []
+    from tl_geometry.report import attention_notes
+
+    notes = attention_notes(res)
+    assert notes[0].startswith("Every window starts with BOS") and "sliding window of 4 positions" in notes[1]
     with_sink = tlg.separability(seen[0].pattern, seen[0].kv_values, 1, **seen[0].visibility)
     undefined = torch.isnan(with_sink.f[1, :, :, 0])  # left-aligned: 8 real tokens, then the pads
     assert bool(undefined[:, [0, 8, 9, 10]].all()) and not bool(undefined[:, 1:8].any())  # query 0 has one source
+
+
+def test_windows_without_bos_are_recorded_and_told(tmp_path):
+    model = tiny_windowed("gemma3")
+    tokens = random_tokens(3, 9, seed=2)
+    tokens[tokens == model.tokenizer.bos_token_id] = 5
+    tokens[1, 0] = model.tokenizer.bos_token_id  # only window 1 starts with BOS
+    with pytest.warns(UserWarning, match=r"2 of 3 windows do not start with the BOS token \(id 1; windows \[0, 2\]\)"
+                                         r".*Prepend BOS"):
+        res = tlg.analyze(model, tokens, (1, 2), progress=False, bootstrap=10)
+    assert res.geometry.windows_without_bos == [0, 2] and "2 windows without BOS" in repr(res)
+    res.save(tmp_path / "run")
+    assert tlg.Analysis.load(tmp_path / "run").geometry.windows_without_bos == [0, 2]
+    first, second = (tlg.analyze(model, tokens[rows], (1, 2), window_ids=torch.tensor(ids), progress=False,
+                                 bootstrap=10) for rows, ids in ((slice(0, 2), [0, 1]), (slice(2, 3), [2])))
+    assert first.merge(second).geometry.windows_without_bos == [0, 2]
+    _, cache = model.run_with_cache(tokens, names_filter=tlg.names_filter)
+    with pytest.warns(UserWarning, match=r"cannot tell whether the cached windows start with BOS .* tlg.analyze\(cache, "
+                                         r"tokens\)"):
+        unknown = tlg.analyze(cache, n=(1, 2), progress=False, bootstrap=10)
+    assert unknown.geometry.windows_without_bos is None and "BOS unknown" in repr(unknown)

@@ -85,3 +85,18 @@ def test_f_split_by_sink_partitions_the_defined_entries():
     assert torch.equal(~torch.isnan(with_sink) ^ ~torch.isnan(without), sep.defined)
     assert not (~torch.isnan(with_sink) & ~torch.isnan(without)).any()
     assert torch.equal(~torch.isnan(with_sink), sep.sink_selected)
+
+
+def test_rows_whose_window_left_the_sink_behind_have_no_sink_statistics():
+    pattern, v, mask = random_attention(2, 4, 2, 10, seed=3, window=3)
+    geo = sink_geometry(pattern, v, (1, 2), window=3)
+    has_sink = torch.arange(10) < 3  # query t sees t − 2 .. t
+    assert bool(torch.isnan(geo.sink_mass[..., ~has_sink]).all()) and not bool(torch.isnan(geo.sink_mass[..., has_sink]).any())
+    assert bool(torch.isnan(geo.sink_rank[..., ~has_sink]).all())
+    assert bool(torch.isnan(geo.align_sink[:, :, ~has_sink]).all())
+    assert not bool(torch.isnan(geo.align_current[:, :, 3:, 0]).any())  # the current token is always in view
+    sep = separability(pattern, v, (1, 2), window=3)
+    assert not bool(sep.sink_selected[:, :, ~has_sink].any())
+    selected, unselected = f_by_sink(sep, window=3)
+    assert bool(torch.isnan(selected[:, :, ~has_sink]).all() and torch.isnan(unselected[:, :, ~has_sink]).all())
+    assert bool((~torch.isnan(unselected[:, :, 2, 1]) | sep.sink_selected[:, :, 2, 1]).all())  # t = 2 still has its sink

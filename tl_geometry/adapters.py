@@ -159,17 +159,6 @@ class ModelInfo:
         return self.sliding_windows.get(layer)
 
 
-def _spans(layers: list[int]) -> str:
-    """``[0, 1, 2, 4]`` as ``"layers 0–2, 4"``."""
-    spans: list[list[int]] = []
-    for layer in layers:
-        if spans and layer == spans[-1][1] + 1:
-            spans[-1][1] = layer
-        else:
-            spans.append([layer, layer])
-    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
-
-
 def _sliding_windows(model: Any, n_layers: int) -> dict[int, int]:
     """The layers with sliding-window attention and their windows, from whichever configuration
     style the model has: a HookedTransformer's (``use_local_attn``, ``attn_types``,

@@ -93,11 +93,13 @@ class Analysis:
         return line
 
     def heads_table(self, heads: Any = None):
-        """One row per head: layer, head, name, regime, vote shares, dominant offset (with head types
+        """One row per head: layer, head, name, regime, vote shares (where sliding windows hid the sink
+        from some voting rows, ``share_sinkless``: their share of the votes), dominant offset (with head types
         attached: the previous-token / duplicate-token / induction scores and the type), then F_N
         top-N / random / gap per N and, when measured, the sink statistics. A DataFrame; ``heads``
         keeps those heads only, in their order (pairs, ``"L3H4"`` names, flat indices, a boolean
-        ``[n_layers, n_heads]`` mask: ``io.parse_heads``)."""
+        ``[n_layers, n_heads]`` mask: ``io.parse_heads``). ``frame.attrs`` says whether the windows
+        start with BOS (``bos``, ``windows_without_bos``) and which layers slide (``sliding_windows``)."""
         import pandas as pd
 
         geo, tax = self.geometry, self.taxonomy
@@ -108,6 +110,8 @@ class Analysis:
         table["regime"] = tax.labels.reshape(-1)
         for i, vote in enumerate(VOTES):
             table[f"share_{vote}"] = tax.shares[..., i].reshape(-1).double().numpy()
+        if tax.sinkless is not None and bool(tax.sinkless.any()):  # sliding windows: votes without the sink in view
+            table["share_sinkless"] = tax.sinkless_share.reshape(-1).numpy()
         table["dominant_offset"] = tax.dominant_offset.reshape(-1).numpy()
         if self.head_types is not None:
             for kind in HEAD_TYPES:
@@ -124,6 +128,8 @@ class Analysis:
             for index, n in enumerate(geo.n):
                 table[f"{metric}@{n}"] = values[:, index].double().numpy()
         frame = pd.DataFrame(table)
+        frame.attrs.update(bos=geo.bos_line(), windows_without_bos=geo.windows_without_bos,
+                           sliding_windows=dict(geo.settings.get("sliding_windows") or {}))
         if heads is None:
             return frame
         return frame.iloc[[a * heads_per_layer + b for a, b in parse_heads(heads, layers, heads_per_layer)]]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 
-__all__ = ["save_tensors", "load_tensors", "atomic_path", "head_name", "parse_heads", "parse_head", "token_digest", "sha256_file", "manifest_files",
+__all__ = ["save_tensors", "load_tensors", "atomic_path", "head_name", "layer_spans", "parse_heads", "parse_head", "token_digest", "sha256_file", "manifest_files",
            "check_sealed", "MARKER", "MANIFEST"]
 
 # A run folder's marker (tl-geometry owns the folder) and its manifest (the finished analysis's
@@ -119,6 +119,21 @@ def check_sealed(folder: str | Path) -> None:
 def head_name(layer: SupportsIndex, head: SupportsIndex) -> str:
     """The name of a head in every table and plot: ``L{layer}H{head}``."""
     return f"L{int(layer)}H{int(head)}"
+
+
+def layer_spans(layers: list[int]) -> str:
+    """Layers as runs: ``[0, 1, 2, 4]`` as ``"layers 0–2, 4"``.
+
+    >>> layer_spans([0, 1, 2, 4]), layer_spans([7])
+    ('layers 0–2, 4', 'layer 7')
+    """
+    spans: list[list[int]] = []
+    for layer in sorted(layers):
+        if spans and layer == spans[-1][1] + 1:
+            spans[-1][1] = layer
+        else:
+            spans.append([layer, layer])
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
 
 
 _HEAD_NAME = re.compile(r"L(\d+)H(\d+)")

@@ -27,7 +27,7 @@ from . import plots
 from .analysis import Analysis
 from .claims import claims_table
 from .compare import Comparison
-from .io import atomic_path
+from .io import atomic_path, layer_spans
 
 __all__ = ["build_report", "write_report", "build_comparison", "write_comparison", "script_safe_json"]
 
@@ -73,6 +73,32 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def attention_notes(analysis: Analysis) -> list[str]:
+    """What the run's queries could see, in sentences: whether the windows start with BOS, and
+    which layers attend within a sliding window (and how many of their votes had no sink in view)."""
+    geo, tax = analysis.geometry, analysis.taxonomy
+    lines = []
+    without = geo.windows_without_bos
+    if geo.bos_line() == "BOS unknown":
+        lines.append("BOS unknown (no tokens or no BOS id): position 0 was taken as the sink.")
+    elif without:
+        lines.append(f"{len(without)} of {geo.window_ids.numel()} windows do not start with BOS (windows "
+                     f"{', '.join(map(str, without[:8]))}{' …' if len(without) > 8 else ''}): their sink statistics "
+                     "and mixer votes describe their first content token.")
+    elif without is not None:
+        lines.append("Every window starts with BOS: position 0 is the sink.")
+    windows = {int(layer): int(w) for layer, w in (geo.settings.get("sliding_windows") or {}).items()}
+    for width in sorted(set(windows.values())):
+        layers = sorted(layer for layer, w in windows.items() if w == width)
+        share = "" if tax.sinkless is None else (
+            f"; {float(tax.sinkless[layers].sum() / tax.votes[layers].sum().clamp_min(1)):.0%} of their votes came "
+            "from such rows")
+        lines.append(f"{layer_spans(layers)} attend within a sliding window of {width} positions: a query t sees "
+                     f"t − {width - 1} .. t, and past position {width - 1} no sink (no sink statistics, no sink vote)"
+                     f"{share}.")
+    return lines
 
 
 def build_report(
@@ -133,6 +159,9 @@ def build_report(
     reasons = geo.not_measurable()
     notes = "" if not reasons else "<h2>Not measurable</h2>\n<ul>" + "".join(
         f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>\n"
+    seen = attention_notes(analysis)
+    notes += "" if not seen else "<h2>What the queries saw</h2>\n<ul>" + "".join(
+        f"<li>{html.escape(line)}</li>" for line in seen) + "</ul>\n"
     blocks = "\n".join(f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i, is_map)}"
                        for i, (name, fig, is_map) in enumerate(figures))
     body = f"""<h2>Run settings</h2>
