@@ -27,10 +27,14 @@ from tl_geometry.regime import sink_aware_bounds
 NEIGHBOURS = 3  # floats checked on each side of the switch
 
 
-def _causal(last_row: np.ndarray) -> np.ndarray:
-    """A causal pattern whose earlier rows are uniform and whose last row is ``last_row``."""
+def _causal(last_row: np.ndarray, window: int | None = None) -> np.ndarray:
+    """A causal pattern whose earlier rows are uniform (over the last ``window`` keys, where given)
+    and whose last row is ``last_row``."""
     n = last_row.shape[0]
-    rows = [np.r_[np.full(t + 1, 1.0 / (t + 1)), np.zeros(n - t - 1)] for t in range(n - 1)]
+    rows = []
+    for t in range(n - 1):
+        lo = 0 if window is None else max(0, t - window + 1)
+        rows.append(np.r_[np.zeros(lo), np.full(t + 1 - lo, 1.0 / (t + 1 - lo)), np.zeros(n - t - 1)])
     return np.stack(rows + [last_row])
 
 
@@ -96,6 +100,24 @@ FAMILIES = {
 }
 
 
+def in_a_window(family, prefix: int = 2):
+    """``family`` behind ``prefix`` keys (the real sink among them) that its last query cannot see:
+    a sliding window of the family's length. The family's first source is then an ordinary
+    candidate and the row has no sink; Theorem 3 (the row's own statistics) is attained as before,
+    while Theorems 1–2 read the whole prefix, unseen keys included."""
+    def windowed(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+        pattern, v, n = family(x)
+        unseen = np.eye(prefix, v.shape[1]) * 0.5
+        return _causal(np.r_[np.zeros(prefix), pattern[-1]], window=v.shape[0]), np.vstack([unseen, v]), n
+
+    windowed.window = family(0.0)[1].shape[0]
+    return windowed
+
+
+WINDOWED = {f"{name}_in_a_window": (in_a_window(FAMILIES[name][0]), *FAMILIES[name][1:])
+            for name in ("coherent_triple", "coherent_triple_beside_duplicates")}
+
+
 def _tensors(family, x, pattern_dtype, value_dtype):
     pattern, v, n = family(x)
     return (torch.tensor(pattern, dtype=pattern_dtype)[None, None],
@@ -115,11 +137,11 @@ def _public(pattern, v, n, backend, **options):
     return sep.precision.flatten(), sep.recall.flatten(), bound.precision.flatten(), bound.recall.flatten()
 
 
-def _layer(pattern, v, n, backend, ranking="attention", exclude_sink=False):
+def _layer(pattern, v, n, backend, ranking="attention", exclude_sink=False, window=None):
     """The same from the analysis' layer pass."""
     mask = torch.ones(1, pattern.shape[-1], dtype=torch.bool)
     att = LayerAttention(layer=0, pattern=pattern, kv_values=v, key_mask=mask, query_mask=mask.clone(),
-                         has_bos=torch.ones(1, dtype=torch.bool))
+                         has_bos=torch.ones(1, dtype=torch.bool), window=window)
     config = RunConfig(n=_ns(n), ranking=ranking, exclude_sink=exclude_sink)
     q = measure_layer(att, config, None, backend=backend).per_query
     return tuple(q[name].flatten() for name in ("precision_top", "recall_top", "precision_bound", "recall_bound"))
@@ -180,7 +202,7 @@ OPTIONS = {"attention": {}, "contribution": {"ranking": "contribution"}}
 def certified_around_the_switch(name, measure, pattern_dtype, value_dtype, options):
     """The family is tight (at ``far`` the certificate proves what is measured); bisect to the
     measured switch at the family's N and check the certificate there and at the neighbours."""
-    family, lo, hi, far = FAMILIES[name]
+    family, lo, hi, far = {**FAMILIES, **WINDOWED}[name]
     work = torch.promote_types(pattern_dtype, value_dtype)
     n = family(far)[2]
 
@@ -209,3 +231,11 @@ def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes,
 def test_certificates_hold_at_the_switch_with_the_sink_excluded(name, route, dtype):
     # the coherent triples do not involve the sink: without it the theorems are still attained
     certified_around_the_switch(name, ROUTES[route], dtype, dtype, {"exclude_sink": True})
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+@pytest.mark.parametrize("dtypes", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("route", ROUTES.keys())
+@pytest.mark.parametrize("name", WINDOWED.keys())
+def test_certificates_hold_at_the_switch_in_a_sliding_window(name, route, dtypes, options):
+    certified_around_the_switch(name, ROUTES[route], *dtypes, {**options, "window": WINDOWED[name][0].window})
