@@ -186,6 +186,11 @@ def _say_results(analysis, queries: str, say) -> None:
         say(f"  NaN means {reason}")
     overall = analysis.taxonomy.fractions().iloc[-1]
     say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
+    from .report import attention_notes
+
+    for line in attention_notes(analysis):  # sliding windows, windows without BOS (all is well: nothing said)
+        if not line.startswith("Every window starts with BOS"):
+            say(f"  {line}")
 
 
 def _analyze(args: argparse.Namespace) -> None:
