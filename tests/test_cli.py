@@ -420,7 +420,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(finished_ru
 
 
 @pytest.mark.parametrize("gap, said", [(1e-7, False), (0.012, True)])
-def test_an_n1_gap_is_explained_only_when_it_shows(gap, said):
+def test_an_n1_gap_is_explained_only_when_it_shows(gap, said, monkeypatch):
     from types import SimpleNamespace
 
     import pandas as pd
@@ -430,10 +430,9 @@ def test_an_n1_gap_is_explained_only_when_it_shows(gap, said):
     summary = pd.DataFrame({"n": [1, 2], "f_top": [1.0, 0.7], "f_top_low": [1.0, 0.6], "f_top_high": [1.0, 0.8],
                             "f_random": [1.0 - gap, 0.3], "gap": [gap, 0.4], "gap_low": [gap, 0.3], "gap_high": [gap, 0.5]})
     fractions = pd.DataFrame({"retriever": [0.1], "mixer": [0.3], "reset": [0.6]})
-    analysis = SimpleNamespace(geometry=SimpleNamespace(summary=lambda: summary, not_measurable=lambda: [],
-                                                        windows_without_bos=[], settings={},
-                                                        bos_line=lambda: "every window starts with BOS"),
-                               taxonomy=SimpleNamespace(fractions=lambda: fractions, sinkless=None))
+    analysis = SimpleNamespace(geometry=SimpleNamespace(summary=lambda: summary, not_measurable=lambda: []),
+                               taxonomy=SimpleNamespace(fractions=lambda: fractions))
+    monkeypatch.setattr("tl_geometry.report.attention_notes", lambda analysis: [])  # a stand-in analysis
     lines = []
     _say_results(analysis, "last", lines.append)
     assert any("N=1 gap above 0" in line for line in lines) == said
