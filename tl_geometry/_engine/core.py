@@ -9,9 +9,7 @@ order only the new sources update ``p_k = ⟨v_k, s_N⟩`` for the visible keys:
 - direct mode (few rows per kv head): ``s += α_i v_i``, then ``p_k = v_k · s``.
 
 Selected and non-candidate keys carry ``+inf`` distances (``s.excluded``), so ρ_min, the outside
-count and the inversions ``Σ_{i∈S} #{j: D_j ≤ D_i}`` are branch-free loops. Every per-key loop
-runs over the row's visible keys ``lo..t`` (``rows.first_visible``: a sliding window's rows are
-shorter); entries before ``lo`` are neither written nor read.
+count and the inversions ``Σ_{i∈S} #{j: D_j ≤ D_i}`` are branch-free loops.
 
 A driver calls :func:`start`, then per output column ``j`` while ``N`` is below the number of
 candidates: :func:`step`, and writes what it wants of the returned :class:`Step`.
@@ -26,7 +24,6 @@ import numpy as np
 from numba import njit
 
 from .options import INLINE, NO_RC, SUMS
-from .rows import first_visible
 
 __all__ = ["Scratch", "scratch", "Step", "COS_EPS", "dot", "start", "step", "nosink_f", "certify", "certify_rows",
            "unit_weights", "write_metrics", "weighted_sizes"]
@@ -101,10 +98,10 @@ def dot(vectors, b, kv, k, y):
 
 @njit(**INLINE)
 def weighted_sizes(values, rule, at, s):
-    """``s.y_size[k]`` = ‖α_k v_k‖² (Euclidean) or ‖α_k v_k‖ (cosine) for the visible keys: one row's
+    """``s.y_size[k]`` = ‖α_k v_k‖² (Euclidean) or ‖α_k v_k‖ (cosine) for keys ``0..t``: one row's
     sizes, which every variant of the row shares."""
     b, _, kv, t, _, _ = at
-    for k in range(first_visible(rule.window, t), t + 1):
+    for k in range(t + 1):
         a = s.alpha[k]
         sq = values.squares[b, kv, k]
         s.y_size[k] = a * a * sq if rule.euclidean else a * math.sqrt(sq)
@@ -120,10 +117,10 @@ def _distance(euclidean, y_size, a, proj, agg_sq, agg_norm):
 
 
 @njit(**NO_RC)
-def _count_at_most(x, lo, n, bound):
-    """#{lo ≤ k < n: x[k] ≤ bound}: an integer sum of comparisons, which LLVM vectorises."""
+def _count_at_most(x, n, bound):
+    """#{k < n: x[k] ≤ bound}: an integer sum of comparisons, which LLVM vectorises."""
     count = 0
-    for k in range(lo, n):
+    for k in range(n):
         count += 1 if x[k] <= bound else 0
     return count
 
@@ -147,17 +144,16 @@ def _minimum(s, lo, hi):
 
 
 @njit(**NO_RC)
-def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, keys, reach, track):
-    """``proj[k] += α_i G[i, k]`` over the keys ``k`` in ``range(*keys)`` for the sources
-    ``order[lo:hi]`` in rank order, four (then two) rows per pass: the same sums in the same order
-    as one row at a time, with a quarter of the loads and stores of ``proj``. With ``track``, also
-    ``reach[k] = max(reach[k], G[i, k])`` from the same loads (Theorem 3's statistics)."""
-    k0, n = keys
+def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, n, reach, track):
+    """``proj[:n] += α_i G[i, :n]`` for the sources ``order[lo:hi]`` in rank order, four (then
+    two) rows per pass: the same sums in the same order as one row at a time, with a quarter of
+    the loads and stores of ``proj``. With ``track``, also ``reach[:n] = max(reach, G[i, :n])``
+    from the same loads (Theorem 3's statistics)."""
     rank = lo
     while rank + 4 <= hi:
         i0, i1, i2, i3 = order[rank], order[rank + 1], order[rank + 2], order[rank + 3]
         a0, a1, a2, a3 = alpha[i0], alpha[i1], alpha[i2], alpha[i3]
-        for k in range(k0, n):
+        for k in range(n):
             g0, g1, g2, g3 = gram[b, kv, i0, k], gram[b, kv, i1, k], gram[b, kv, i2, k], gram[b, kv, i3, k]
             proj[k] = (((proj[k] + a0 * g0) + a1 * g1) + a2 * g2) + a3 * g3
             if track:
@@ -166,7 +162,7 @@ def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, keys, reach, track):
     if rank + 2 <= hi:
         i0, i1 = order[rank], order[rank + 1]
         a0, a1 = alpha[i0], alpha[i1]
-        for k in range(k0, n):
+        for k in range(n):
             g0, g1 = gram[b, kv, i0, k], gram[b, kv, i1, k]
             proj[k] = (proj[k] + a0 * g0) + a1 * g1
             if track:
@@ -175,7 +171,7 @@ def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, keys, reach, track):
     if rank < hi:
         i0 = order[rank]
         a0 = alpha[i0]
-        for k in range(k0, n):
+        for k in range(n):
             g0 = gram[b, kv, i0, k]
             proj[k] += a0 * g0
             if track:
@@ -183,11 +179,10 @@ def _add_gram_rows(proj, gram, b, kv, alpha, order, lo, hi, keys, reach, track):
 
 
 @njit(**NO_RC)
-def _inversions(dist, keys, u_val, n, rho_min, rho_max, outside, near):
-    """``Σ_{i selected, D_i ≥ ρ_min} #{j: D_j ≤ D_i}`` over the keys ``range(*keys)`` (``u_val[:n]``
-    the selected D_i, ``dist`` +inf off the unselected candidates). Only the ``outside`` keys with
-    ``D_j ≤ ρ_max`` can count: none, no pass; for several D_i they are gathered into ``near`` once."""
-    k0, n_keys = keys
+def _inversions(dist, n_keys, u_val, n, rho_min, rho_max, outside, near):
+    """``Σ_{i selected, D_i ≥ ρ_min} #{j: D_j ≤ D_i}`` (``u_val[:n]`` the selected D_i, ``dist``
+    +inf off the unselected candidates). Only the ``outside`` keys with ``D_j ≤ ρ_max`` can count:
+    none, no pass; for several D_i they are gathered into ``near`` once."""
     if outside == 0:
         return 0
     above = 0
@@ -199,15 +194,15 @@ def _inversions(dist, keys, u_val, n, rho_min, rho_max, outside, near):
     if above == 0:
         return 0
     if above == 1:
-        return _count_at_most(dist, k0, n_keys, u_val[last])
+        return _count_at_most(dist, n_keys, u_val[last])
     m = 0
-    for k in range(k0, n_keys):  # written always, kept where near: no branch to mispredict
+    for k in range(n_keys):  # written always, kept where near: no branch to mispredict
         near[m] = dist[k]
         m += 1 if dist[k] <= rho_max else 0
     total = 0
     for rank in range(n):
         if u_val[rank] >= rho_min:
-            total += _count_at_most(near, 0, m, u_val[rank])
+            total += _count_at_most(near, m, u_val[rank])
     return total
 
 
@@ -232,14 +227,13 @@ def _grow(values, rule, at, s, order, lo, hi, reach):
     """Add the sources ``order[lo:hi]`` to the selection: out of the candidates, into ``p``
     (Gram rows; with ``reach`` also into ``s.reach``) or the aggregate ``s_N`` (direct)."""
     b, _, kv, t, _, _ = at
-    first = first_visible(rule.window, t)
     for rank in range(lo, hi):
         s.excluded[order[rank]] = math.inf
     if rule.use_gram:
         if reach and lo == 0:
-            for k in range(first, t + 1):
+            for k in range(t + 1):
                 s.reach[k] = -math.inf
-        _add_gram_rows(s.proj, values.gram, b, kv, s.alpha, order, lo, hi, (first, t + 1), s.reach, reach)
+        _add_gram_rows(s.proj, values.gram, b, kv, s.alpha, order, lo, hi, t + 1, s.reach, reach)
         return
     for rank in range(lo, hi):
         i = order[rank]
@@ -258,16 +252,16 @@ def _aggregate_size(values, rule, at, s, order, n):
         return agg_sq
     for e in range(values.vectors.shape[3]):
         agg_sq += s.agg[e] * s.agg[e]
-    for k in range(first_visible(rule.window, t), t + 1):
+    for k in range(t + 1):
         s.proj[k] = dot(values.vectors, b, kv, k, s.agg)
     return agg_sq
 
 
 @njit(**NO_RC)
-def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, keys, bound, dist):
-    """``dist[k]`` for the keys ``range(*keys)`` (+inf where excluded); returns #{k: dist[k] ≤ bound}."""
+def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bound, dist):
+    """``dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist[k] ≤ bound}."""
     count = 0
-    for k in range(*keys):
+    for k in range(n):
         value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
         dist[k] = value
         count += 1 if value <= bound else 0
@@ -281,7 +275,6 @@ def step(values, rule, at, s, order, j, full, reach):
     ``full``: also the margin and the inversions."""
     n = rule.ns[j]
     t = at[3]
-    first = first_visible(rule.window, t)
     _grow(values, rule, at, s, order, rule.ns[j - 1] if j > 0 else 0, n, reach)
     agg_sq = _aggregate_size(values, rule, at, s, order, n)
     agg_norm = math.sqrt(max(agg_sq, 0.0))
@@ -293,18 +286,18 @@ def step(values, rule, at, s, order, j, full, reach):
             value = -agg_sq
         s.u_val[rank] = value  # D_i
         rho_max = max(rho_max, value)
-    outside = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, (first, t + 1),
-                         rho_max, s.dist)
+    outside = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1, rho_max,
+                         s.dist)
     if outside == 0 and not full:  # every unselected candidate beyond ρ_max: all selected inside
         rho_rest = rho_min = math.inf
         inside = n
     else:
-        rho_rest = _minimum(s, max(first, 1), t + 1)  # ρ_min over the visible keys but 0, then with key 0
-        rho_min = min(s.dist[0], rho_rest) if first == 0 else rho_rest
+        rho_rest = _minimum(s, 1, t + 1)  # ρ_min over keys 1..t, then with key 0
+        rho_min = min(s.dist[0], rho_rest)
         inside = 0
         for rank in range(n):
             inside += 1 if s.u_val[rank] < rho_min else 0
-    inversions = _inversions(s.dist, (first, t + 1), s.u_val, n, rho_min, rho_max, outside, s.near) if full else 0
+    inversions = _inversions(s.dist, t + 1, s.u_val, n, rho_min, rho_max, outside, s.near) if full else 0
     p = n / (n + outside)
     rc = inside / n
     f = 2 * p * rc / (p + rc) if rc > 0 else 0.0
@@ -400,9 +393,9 @@ def unit_weights(values, at, s):
 
 
 @njit(**INLINE)
-def certify(cert, form, weights, w_max, at, first, s, order, n, n_cand):
+def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     """The certificates (P, R lower bounds) of the top-N set ``order[:n]`` among ``n_cand``
-    candidates (the visible keys ``first..t``): Theorem 1 from the Gram bounds ``cert[form, :, b, kv, t]``
+    candidates: Theorem 1 from the Gram bounds ``cert[form, :, b, kv, t]``
     (``regime.CERTIFICATE_KEYS``; form 0 on α and v, form 1 Theorem 2 on ω and the unit vectors)
     and the ``weights`` of that form (``w_max`` their largest over keys ``1..t``). Overwrites
     ``s.u_val`` (with ``U_i = Q⁺(w^S − α_i e_i)``) and ``s.dist`` (with the certified ``L_j``)."""
@@ -434,7 +427,7 @@ def certify(cert, form, weights, w_max, at, first, s, order, n, n_cand):
     if _out_of_reach(lower_0, s_sq_lo, diag_lo, inner, w_max, u_min):
         return n / (n + (n_cand - n)), 0.0  # every unselected candidate counted, none inside: the pass below's result
     outside = 0  # +inf (excluded) drops selected and non-candidates from the count and minimum
-    for k in range(max(first, 1), t + 1):
+    for k in range(1, t + 1):
         a = weights[k]
         value = _certified_lower(a * a * diag_lo + s_sq_lo - 2 * a * inner, a, mass, slack_w, slack_64,
                                  selected_error) + s.excluded[k]
@@ -445,16 +438,16 @@ def certify(cert, form, weights, w_max, at, first, s, order, n, n_cand):
     else:
         s.dist[0] = math.inf
     outside += 1 if s.dist[0] <= u_max else 0
-    return _bounds(s, first, t, n, outside)
+    return _bounds(s, t, n, outside)
 
 
 @njit(**NO_RC)
-def _bounds(s, first, t, n, outside):
+def _bounds(s, t, n, outside):
     """P̲ and R̲ from the unselected sources counted (``outside``), the selected ``U_i`` in
-    ``s.u_val[:n]`` and the certified ``L_j`` in ``s.dist[first:t + 1]`` (+inf off the unselected)."""
+    ``s.u_val[:n]`` and the certified ``L_j`` in ``s.dist[:t + 1]`` (+inf off the unselected)."""
     inside = n  # no L_j ≤ max U_i: every selected source is certified inside
     if outside > 0:
-        l_min = _minimum(s, first, t + 1)
+        l_min = _minimum(s, 0, t + 1)
         inside = 0
         for rank in range(n):
             inside += 1 if s.u_val[rank] < l_min else 0
@@ -508,11 +501,10 @@ def certify_rows(cert, values, rule, at, s, order, j):
     s_sq_lo = max(total_size + pair_lo * (mass * mass - sum_sq), 0.0)
     selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
     outside = 0
-    first = first_visible(rule.window, t)
-    for k in range(first, t + 1):
+    for k in range(t + 1):
         a = s.alpha[k]
         lower = a * a * values.squares[b, kv, k] + s_sq_lo - 2 * a * mass * (s.reach[k] + err)
         value = _certified_lower(lower, a, mass, slack_w, slack_64, selected_error) + s.excluded[k]
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
-    return _bounds(s, first, t, n, outside)
+    return _bounds(s, t, n, outside)

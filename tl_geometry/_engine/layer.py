@@ -122,9 +122,8 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
             out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
                                                               + core.COS_EPS)
         if plan.want_bounds:  # the theorems bound the same measurement: the largest bound holds
-            first = first_visible(rule.window, t)
-            p_gram, r_gram = core.certify(rows.certificates, 0, s.alpha, w_max[0], at, first, s, s.top_idx, n, n_cand)
-            p_unit, r_unit = core.certify(rows.certificates, 1, s.omega, w_max[1], at, first, s, s.top_idx, n, n_cand)
+            p_gram, r_gram = core.certify(rows.certificates, 0, s.alpha, w_max[0], at, s, s.top_idx, n, n_cand)
+            p_unit, r_unit = core.certify(rows.certificates, 1, s.omega, w_max[1], at, s, s.top_idx, n, n_cand)
             p_rows, r_rows = core.certify_rows(rows.certificates, values, rule, at, s, s.top_idx, j)
             out.certificates.precision[b, h, q, j] = max(p_gram, p_unit, p_rows)
             out.certificates.recall[b, h, q, j] = max(r_gram, r_unit, r_rows)
