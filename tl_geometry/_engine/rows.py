@@ -57,15 +57,20 @@ def scan_row(rows, at, key_mask, lo, n_keys, norms, scores):
     negatives = 0
     n_visible = min(t + 1, n_keys)
     want_scores = scores.shape[0] > 0
-    for k in range(n_visible):
-        a = rows[b, h, row, k]
-        fa = float(a)
-        seen = key_mask[b, k] and k >= lo
+    for k in range(min(lo, n_visible)):  # before a sliding window: in the sum only
+        fa = float(rows[b, h, row, k])
         total += fa
-        visible += fa if seen else 0.0
         negatives += 1 if fa < 0 else 0
         if want_scores:
-            scores[k] = a * norms[b, kv, k] if seen else -1.0
+            scores[k] = -1.0
+    for k in range(min(lo, n_visible), n_visible):
+        a = rows[b, h, row, k]
+        fa = float(a)
+        total += fa
+        visible += fa if key_mask[b, k] else 0.0
+        negatives += 1 if fa < 0 else 0
+        if want_scores:
+            scores[k] = a * norms[b, kv, k] if key_mask[b, k] else -1.0
     for k in range(n_visible, n_keys):
         a = float(rows[b, h, row, k])
         total += a
