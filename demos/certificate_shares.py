@@ -76,7 +76,7 @@ def main() -> None:
     layers = list(range(info.n_layers))
     print(f"## {args.model}: informative certificates, last query of {args.windows} windows × {args.seq_len} "
           f"tokens per corpus, {len(layers)} layers{'' if len(layers) == info.n_layers else f' {layers}'}\n")
-    print("P̲ informative: P̲ > N/(t+1); R̲ informative: R̲ > 0. Theorem 1 alone → the larger of Theorems 1 and 2 → "
+    print("P̲ informative: P̲ > N/(its candidates: t + 1, or the layer's sliding window); R̲ informative: R̲ > 0. Theorem 1 alone → the larger of Theorems 1 and 2 → "
           "the reported bound (the largest of Theorems 1–3).\n")
     print("| corpus | N | cells | P̲ informative | R̲ informative | reported below Theorems 1–2 | above the measurement |")
     print("|---|---|---|---|---|---|---|")
