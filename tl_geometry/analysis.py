@@ -299,7 +299,7 @@ def _bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_
         return {"known": False, "without": []}
     without = window_ids[~flags].tolist()
     if without:
-        warnings.warn(f"{len(without)} of {len(flags)} windows do not start with the BOS token (id {bos_token_id}; "
+        warnings.warn(f"{len(without)} of {len(flags)} windows {'does' if len(without) == 1 else 'do'} not start with the BOS token (id {bos_token_id}; "
                       f"windows {without[:5]}{' …' if len(without) > 5 else ''}): their sink statistics and mixer "
                       "labels describe their first content token. Prepend BOS: model.to_tokens(text) does "
                       "(prepend_bos=True), or torch.cat([torch.full((n, 1), model.tokenizer.bos_token_id), tokens], 1).",

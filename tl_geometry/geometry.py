@@ -122,7 +122,8 @@ class GeometryResult:
         without = self.windows_without_bos
         if without is None:
             return "BOS unknown"
-        return "every window starts with BOS" if not without else f"{len(without)} windows without BOS"
+        return "every window starts with BOS" if not without else \
+            f"{len(without)} window{'s' if len(without) != 1 else ''} without BOS"
 
     @property
     def n_layers(self) -> int:
