@@ -86,8 +86,9 @@ def tiny_windowed(style: str, layers: tuple[str, ...] = ("local", "global", "loc
     ``layer_types``, Mistral's ``sliding_window`` on every layer, Qwen2's ``max_window_layers``,
     GPT-Neo's ``window_size`` + ``attention_layers``), GQA where the architecture has it."""
     if style == "hooked":
-        return tiny_hooked(4, 2, len(layers), seed, use_local_attn=True, window_size=window,
-                           attn_types=list(layers))
+        model = tiny_hooked(4, 2, len(layers), seed, use_local_attn=True, window_size=window, attn_types=list(layers))
+        model.set_tokenizer(_tiny_tokenizer())
+        return model
     try:
         from transformer_lens.model_bridge import TransformerBridge
     except ImportError as exc:
