@@ -224,8 +224,6 @@ def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerM
 
 
 def _positions(att, queries: str) -> Tensor:
-    from .query_rows import query_positions
-
     return query_positions(att.query_mask, queries)
 
 
@@ -235,7 +233,6 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
         block_grams,
         check_distribution,
         gram_blocks,
-        query_positions,
         row_sum_tolerance,
     )
     from .selection import squared_value_norms, value_norms64
