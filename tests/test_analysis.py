@@ -139,7 +139,7 @@ def test_bad_input_to_analyze_is_one_clear_error(tmp_path):
             tlg.analyze(model, progress=False, bootstrap=10, **kwargs)
     damaged = tmp_path / "checkpoint.safetensors"
     damaged.write_bytes(b"not a checkpoint")
-    with pytest.raises(TLGeometryError, match="cannot read the checkpoint .*rerun without --resume"):
+    with pytest.raises(TLGeometryError, match="cannot resume from the checkpoint .*damaged.*delete it to start again"):
         tlg.analyze(model, tokens, (1, 2), progress=False, bootstrap=10, checkpoint=damaged)
     assert damaged.read_bytes() == b"not a checkpoint"
 

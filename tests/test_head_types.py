@@ -105,7 +105,7 @@ def test_attached_head_types_join_the_table_profile_and_saved_run(tiny_model, tm
     loaded = tlg.Analysis.load(tmp_path)
     assert torch.equal(loaded.head_types.induction, types.induction)
     assert loaded.head_types.settings == types.settings
-    res.save(tmp_path)  # an analysis without scores leaves none of the other's behind
+    res.save(tmp_path, overwrite=True)  # an analysis without scores leaves none of the other's behind
     assert tlg.Analysis.load(tmp_path).head_types is None
 
 

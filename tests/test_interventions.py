@@ -181,7 +181,7 @@ def test_single_head_scan_agrees_with_ablate_heads_and_resumes(tiny_model, tmp_p
             expected = (mean_nll(tiny_model, tokens, attention_mask=mask) - baseline) / baseline
         assert scan[layer, head].item() == pytest.approx(expected, rel=1e-4, abs=1e-7)
     assert torch.equal(single_head_scan(tiny_model, tokens, attention_mask=mask, checkpoint=path, progress=False), scan)
-    with pytest.raises(ValueError, match="another scan"):
+    with pytest.raises(tlg.TLGeometryError, match="written by a single-head scan with other settings"):
         single_head_scan(tiny_model, tokens[:2], checkpoint=path, progress=False)
 
 

@@ -30,6 +30,13 @@ def snapshot(folder) -> dict[str, str]:
             for p in sorted(folder.iterdir())}
 
 
+def legacy_save(analysis, folder) -> None:
+    """A run folder as versions before markers and manifests wrote it: the two result files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    analysis.geometry.save(folder / "geometry.safetensors")
+    analysis.taxonomy.save(folder / "taxonomy.safetensors")
+
+
 PRUNING = pd.DataFrame({"method": ["random"], "retention": [1.0], "heads_removed": [0], "delta_nll": [0.0]})
 
 
@@ -56,21 +63,26 @@ def test_derived_tables_belong_to_their_analysis(tmp_path, two_analyses):
     run = RunFolder(tmp_path)
     first_id = run.write_analysis(first, {}, {"mixer": "{}"})
     run.write_derived("pruning.csv", PRUNING, first_id)
-    tables, foreign = run.read_derived(first_id)
-    assert list(tables) == ["pruning.csv"] and foreign == []
-    assert run.read_derived("another-analysis") == ({}, ["pruning.csv"])
+    tables, left_out = run.read_derived(first_id)
+    assert list(tables) == ["pruning.csv"] and left_out == {}
+    earlier = {"pruning.csv": "computed from an earlier analysis; rerun tl-geometry prune"}
+    assert run.read_derived("another-analysis") == ({}, earlier)
     second_id = run.write_analysis(second, {}, {})
     assert second_id != first_id
     # The new analysis takes the old one's derived tables and drill-downs with it.
     assert not (tmp_path / "pruning.csv").exists() and not (tmp_path / "drilldown_mixer.json").exists()
     # A table whose manifest entry is missing (e.g. copied in by hand) is not attributed to it.
     PRUNING.to_csv(tmp_path / "pruning.csv", index=False)
-    assert run.read_derived(second_id) == ({}, ["pruning.csv"])
+    assert run.read_derived(second_id) == ({}, earlier)
+    # An unreadable derived.json trusts no table, and says so (not "an earlier analysis").
+    run.derived_manifest.write_text("{damaged")
+    assert "derived.json, which says which analysis it belongs to, is unreadable" in run.read_derived(second_id)[1][
+        "pruning.csv"]
 
 
 def test_folders_written_before_run_ids_keep_their_derived_tables(tmp_path, two_analyses):
     first, _ = two_analyses
-    first.save(tmp_path)  # the previous layout: no run_id, no derived.json
+    legacy_save(first, tmp_path)  # the previous layout: no run_id, no derived.json
     PRUNING.to_csv(tmp_path / "pruning.csv", index=False)
     run = RunFolder(tmp_path)
     assert run.run_id() is None and list(run.read_derived(None)[0]) == ["pruning.csv"]
@@ -172,7 +184,7 @@ def test_a_dead_writer_leaves_no_lock(tmp_path):
     code = ("from tl_geometry.run_folder import RunFolder; import os\n"
             f"w = RunFolder({str(tmp_path / 'run')!r}).writing(); w.__enter__(); os._exit(1)")
     subprocess.run([sys.executable, "-c", code], check=False)
-    assert (tmp_path / "run" / ".tl-geometry.lock").read_text().startswith("tl-geometry pid")
+    assert (tmp_path / "run" / ".tl-geometry.writer").read_text().startswith("tl-geometry pid")
     with RunFolder(tmp_path / "run").writing():  # the dead process's lock went with it
         pass
 
@@ -181,7 +193,7 @@ def test_result_files_of_two_analyses_or_without_metadata_are_one_error(tmp_path
     from tl_geometry.io import load_tensors, save_tensors
 
     first, _ = two_analyses
-    first.save(tmp_path)  # an unmarked folder, as Analysis.save writes
+    legacy_save(first, tmp_path)  # an unmarked folder, as versions before markers wrote
     other = tlg.HeadTaxonomy.from_votes(torch.ones(5, 4, 3, dtype=torch.long))
     other.save(tmp_path / "taxonomy.safetensors")
     with pytest.raises(TLGeometryError, match="holds results of two analyses"):
@@ -195,7 +207,7 @@ def test_result_files_of_two_analyses_or_without_metadata_are_one_error(tmp_path
 
 def test_overwriting_a_folder_from_before_markers_clears_its_old_outputs(tmp_path, two_analyses):
     first, second = two_analyses
-    first.save(tmp_path)  # the previous layout: results, no marker, no manifest
+    legacy_save(first, tmp_path)  # the previous layout: results, no marker, no manifest
     for name in ("drilldown_mixer.json", "pruning.csv"):
         (tmp_path / name).write_text("old")
     (tmp_path / "notes.txt").write_text("the user's")

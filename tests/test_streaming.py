@@ -86,7 +86,7 @@ def test_a_checkpoint_resumes_without_evaluating_again(model, tokens, tmp_path, 
     again = streaming_curve(model, tokens, **kwargs)
     assert len(calls) == 1  # the baseline only
     assert all(torch.equal(first.delta_nll[k], again.delta_nll[k]) for k in first.delta_nll)
-    with pytest.raises(tlg.TLGeometryError, match="another streaming run"):
+    with pytest.raises(tlg.TLGeometryError, match="written by a streaming curve with other settings; delete it"):
         streaming_curve(model, tokens, **{**kwargs, "window": 3})
 
 

@@ -143,20 +143,39 @@ class ModelInfo:
     n_ctx: int | None = None  # the context length, when the config states it
     # Layers whose queries see only the last ``window`` positions (sliding-window attention), by layer.
     sliding_windows: dict[int, int] = field(default_factory=dict)
+    dtype: str | None = None  # of the weights, e.g. "bfloat16" (None for a cache)
 
     def check_length(self, n_tokens: int) -> None:
         """Refuse sequences longer than the model's context before any forward (memory grows
         with its square, and positions past it mean nothing to the model)."""
-        if self.n_ctx is not None and n_tokens > self.n_ctx:
-            raise TLGeometryError(
-                f"{n_tokens} tokens per sequence exceed {self.model_name}'s context of {self.n_ctx}: cut the text "
-                f"into windows of at most {self.n_ctx} tokens (tlg.make_windows, or a smaller --seq-len)."
-            )
+        _check_context(self.model_name, self.n_ctx, n_tokens)
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer`` (its queries see the last ``window`` positions), None
         where it sees the whole causal prefix."""
         return self.sliding_windows.get(layer)
+
+
+def _weights_dtype(model: Any) -> str | None:
+    weight = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return None if weight is None else str(weight.dtype).removeprefix("torch.")
+
+
+def _model_name(model: Any) -> str:
+    return str(getattr(model.cfg, "model_name", type(model).__name__))
+
+
+def _context(cfg: Any) -> int | None:
+    n_ctx = getattr(cfg, "n_ctx", None)
+    return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
+def _check_context(model_name: str, n_ctx: int | None, n_tokens: int) -> None:
+    if n_ctx is not None and n_tokens > n_ctx:
+        raise TLGeometryError(
+            f"{n_tokens} tokens per sequence exceed {model_name}'s context of {n_ctx}: cut the text "
+            f"into windows of at most {n_ctx} tokens (tlg.make_windows, or a smaller --seq-len)."
+        )
 
 
 def _sliding_windows(model: Any, n_layers: int) -> dict[int, int]:
@@ -267,12 +286,13 @@ def describe_model(model: Any) -> ModelInfo:
         n_heads=n_heads,
         n_kv_heads=int(n_kv),
         d_head=int(cfg.d_head),
-        model_name=str(getattr(cfg, "model_name", type(model).__name__)),
+        model_name=_model_name(model),
         transformer_lens_version=_tl_version(),
         processing=_processing(model, model_class),
         bos_token_id=bos,
-        n_ctx=int(cfg.n_ctx) if isinstance(getattr(cfg, "n_ctx", None), int) and cfg.n_ctx > 0 else None,
+        n_ctx=_context(cfg),
         sliding_windows=_sliding_windows(model, int(cfg.n_layers)),
+        dtype=_weights_dtype(model),
     )
 
 
@@ -673,6 +693,7 @@ def sequence_nll(
     targets."""
     tokens = _check_tokens(tokens)
     _check_vocabulary(model, tokens)
+    _check_context(_model_name(model), _context(model.cfg), tokens.shape[1])
     kwargs: dict[str, Any] = {"return_type": "logits"}
     if attention_mask is not None:
         check_attention_mask(attention_mask, *tokens.shape)

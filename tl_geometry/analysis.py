@@ -11,8 +11,6 @@ Example:
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -37,13 +35,14 @@ from .adapters import (
     stream_layers,
     unexplained_window,
 )
+from .checkpoint import KeyedCheckpoint
 from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
 from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
 from .head_types import HEAD_TYPES, HEAD_TYPES_FILE, HeadTypes
 from .hooks import warn_hooks_left
-from .io import check_sealed, head_name, load_tensors, parse_head, parse_heads, save_tensors, token_digest
+from .io import check_sealed, head_name, parse_head, parse_heads, token_digest
 from .layer_measures import Workspace, measure_layer
 from .query_rows import as_n_tuple
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
@@ -153,16 +152,20 @@ class Analysis:
         return Analysis(self.geometry.merge(other.geometry), self.taxonomy.merge(other.taxonomy),
                         self.head_types if self.head_types is not None else other.head_types)
 
-    def save(self, folder: str | Path) -> None:
-        """``geometry.safetensors`` and ``taxonomy.safetensors`` in ``folder``."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.geometry.save(folder / "geometry.safetensors")
-        self.taxonomy.save(folder / "taxonomy.safetensors")
-        if self.head_types is not None:
-            self.head_types.save(folder / HEAD_TYPES_FILE)
-        else:  # another analysis' scores must not load beside this one
-            (folder / HEAD_TYPES_FILE).unlink(missing_ok=True)
+    def save(self, folder: str | Path, *, overwrite: bool = False) -> None:
+        """Write a finished run folder, as ``tl-geometry analyze`` does (results, tables, settings,
+        manifest), so ``tl-geometry report``, ``prune``, ``stream``, ``compare`` and
+        :meth:`load` take it. ``folder`` must be new, empty or a run folder; a finished analysis
+        there is replaced only with ``overwrite=True`` (with the tables derived from it), and a
+        folder of other files is refused. Nothing is deleted that tl-geometry did not write."""
+        from .run_folder import RunFolder
+
+        run = RunFolder(folder, api=True)
+        run.check_new_analysis(overwrite=overwrite, resume=False)
+        with run.writing(elsewhere=True):
+            run.check_new_analysis(overwrite=overwrite, resume=False)  # again, under the lock
+            run.write_analysis(self, self.geometry.settings, {})
+            run.drop_stale_checkpoint()  # an interrupted run's state: its analysis is the one replaced
 
     @classmethod
     def load(cls, folder: str | Path) -> Analysis:
@@ -203,34 +206,18 @@ def tokenize_texts(model: Any, texts: Sequence[str]) -> tuple[Int[Tensor, "seq p
 
 
 class Checkpoint:
-    """Atomic checkpoint of a streamed analysis: the per-sequence values and votes of the batches
-    done so far (safetensors, written to a temporary file then renamed). A run killed at any
-    moment loses at most the batch in flight; a checkpoint of other settings is refused."""
+    """The state of a streamed analysis (a :class:`~tl_geometry.checkpoint.KeyedCheckpoint`): the
+    per-sequence values and votes of the batches done so far. A run killed at any moment loses at
+    most the batch in flight; a checkpoint of other settings is refused before the first batch."""
 
     def __init__(self, path: str | Path, key: dict[str, Any]):
-        self.path, self.key = Path(path), json.dumps(key, sort_keys=True)
-        # Checked before the first batch, not when the first save fails after it.
-        if self.path.is_dir():
-            raise TLGeometryError(f"checkpoint {str(self.path)!r} is a folder: pass a file path, e.g. "
-                                  f"{str(self.path / 'checkpoint.safetensors')!r}.")
-        if not self.path.parent.is_dir() or not os.access(self.path.parent, os.W_OK | os.X_OK):
-            raise TLGeometryError(f"checkpoint {str(self.path)!r} cannot be written: its folder "
-                                  f"{str(self.path.parent)!r} does not exist or is not writable.")
+        self.file = KeyedCheckpoint(path, key, "analysis")
 
     def restore(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> int:
         """Load the saved state into the accumulators; returns the number of windows done."""
-        if not self.path.is_file():
+        tensors, _ = self.file.load()
+        if not tensors:
             return 0
-        try:
-            tensors, meta = load_tensors(self.path, "Checkpoint")
-        except TLGeometryError:
-            raise TLGeometryError(f"cannot read the checkpoint {self.path} (damaged or truncated): rerun without "
-                                  "--resume, which starts again from the first window") from None
-        if meta.get("key") != self.key:
-            raise TLGeometryError(
-                f"checkpoint {str(self.path)!r} was written by a run with other settings (model, windows, N, "
-                "queries, seed or repeats); delete it or choose another output folder."
-            )
         ids = tensors.pop("window_ids")
         taxonomy.votes, taxonomy.offsets = tensors.pop("votes"), tensors.pop("offsets")
         taxonomy.sinkless = tensors.pop("sinkless_votes", torch.zeros_like(taxonomy.votes[..., 0]))
@@ -241,7 +228,7 @@ class Checkpoint:
         tensors = {k: torch.cat([b[k] for b in geometry.batches]) for k in geometry.batches[0]}
         tensors.update(window_ids=torch.cat(geometry.window_ids), votes=taxonomy.votes, offsets=taxonomy.offsets,
                        sinkless_votes=taxonomy.sinkless)
-        save_tensors(self.path, "Checkpoint", tensors, key=self.key)  # atomic: old or new state, never half
+        self.file.save(tensors)
 
 
 def _stream_windows(model, info, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None,
@@ -491,7 +478,7 @@ def analyze(
 
     settings = {
         **config.to_dict(), "random_repeats": config.random_repeats(int(tokens.shape[1])),
-        "model": info.model_name, "model_class": info.model_class,
+        "model": info.model_name, "model_class": info.model_class, "dtype": info.dtype,
         "transformer_lens": info.transformer_lens_version, "processing": info.processing,
         "n_windows": all_windows, "seq_len": int(tokens.shape[1]), "bos": bos,
         "sliding_windows": {str(layer): window for layer, window in sorted(info.sliding_windows.items())},

@@ -96,10 +96,9 @@ def _report_parts(run: RunFolder, say=print) -> dict:
     """What report.html is built from, read from the files of a run folder (no model needed);
     derived tables of another analysis are left out, with a word."""
     analysis = run.read_analysis()
-    extras, foreign = run.read_report_extras(analysis)
-    if foreign:
-        say(f"left out of the report: {', '.join(foreign)} (computed from an earlier analysis; rerun tl-geometry prune "
-            "or stream)")
+    extras, left_out = run.read_report_extras(analysis)
+    for name, why in left_out.items():
+        say(f"left out of the report: {name} ({why})")
     settings = analysis.geometry.settings
     title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
     return dict(analysis=analysis, title=title, drilldowns=run.read_drilldowns(), **extras)
@@ -231,7 +230,7 @@ def _analyze(args: argparse.Namespace) -> None:
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
         f"({windows.skipped_documents} of the documents read too short)")
     # The inputs are valid: from here one process writes the folder (rank 0 holds its lock).
-    with run.writing() if rank == 0 else contextlib.nullcontext():
+    with run.writing(elsewhere=True) if rank == 0 else contextlib.nullcontext():
         if rank == 0:
             run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)  # again, under the lock
         # The other ranks write only their checkpoint shards, and only once rank 0 has made the folder its own.
@@ -286,12 +285,23 @@ def _finished_run(args: argparse.Namespace):
     return run, analysis, name, seed, corpus
 
 
+def _resume_or_restart(checkpoint, say) -> None:
+    """A derived job's checkpoint in its run folder: resumed when it can be, else removed (its job
+    or settings differ, or it is damaged), as ``analyze`` removes an earlier run's without --resume."""
+    problem = checkpoint.problem()
+    if problem is not None:
+        checkpoint.drop()
+        say(f"removed {checkpoint.path.name} ({problem}): starting afresh")
+
+
 def _prune(args: argparse.Namespace) -> None:
+    from .adapters import describe_model
     from .corpus import make_windows
     from .interventions import (
         IMPORTANCE_METHODS,
         head_importance,
         pruning_curve,
+        scan_checkpoint,
         single_head_scan,
         topn_deletion,
     )
@@ -306,6 +316,9 @@ def _prune(args: argparse.Namespace) -> None:
     say = (lambda *a: None) if args.quiet else print
     start = time.perf_counter()
     model = load_model(name)
+    info = describe_model(model)
+    info.check_length(args.seq_len)  # before any window is cut or any head ranked
+    analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
     # Held-out windows: another seed than the analysis, same length.
     held = make_windows(model, corpus, args.seq_len, args.windows, seed + 1).tokens
     # Gradient and entropy rank heads on the first half of the held-out windows (magnitude, random and
@@ -322,6 +335,7 @@ def _prune(args: argparse.Namespace) -> None:
         path = run.write_derived("pruning.csv", curve, run_id)
         say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {path}")
         scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
+        _resume_or_restart(scan_checkpoint(run.scan_checkpoint, model, scan_tokens), say)
         scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=not args.quiet)
         run.write_scan(scan, run_id)
         run.write_topn([topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
@@ -336,12 +350,14 @@ def _stream(args: argparse.Namespace) -> None:
     from .adapters import describe_model
     from .corpus import make_windows
     from .models import load_model
-    from .streaming import check_streaming_arguments, streaming_curve
+    from .streaming import check_streaming_arguments, stream_checkpoint, streaming_curve
 
     if args.seq_len is None:
         args.seq_len = PROTOCOLS[args.protocol]["seq_len"]
-    for flag in ("--windows", "--seq-len", "--seeds"):
+    for flag in ("--windows", "--seeds"):
         _positive(flag, getattr(args, flag[2:].replace("-", "_")))
+    if args.seq_len < 2:
+        raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
     orders = tuple(args.orders.split(","))
     fractions = _parse_fractions(args.fractions)
     check_streaming_arguments(args.seq_len, fractions, orders, args.window, args.sink, args.seeds)
@@ -351,11 +367,13 @@ def _stream(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model = load_model(name)
     info = describe_model(model)  # before the folder is touched
+    info.check_length(args.seq_len)
     analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
     # Held-out windows: another seed than the analysis and the pruning curves.
     held = make_windows(model, corpus, args.seq_len, args.windows, seed + 2).tokens
     with run.writing():  # one writer: another stream, prune or analysis of this folder is refused
         run.verify()
+        _resume_or_restart(stream_checkpoint(run.stream_checkpoint, model, held, window=args.window, sink=args.sink), say)
         curve = streaming_curve(model, held, analysis, fractions=fractions, window=args.window, sink=args.sink,
                                 orders=orders, seeds=args.seeds, checkpoint=run.stream_checkpoint, types=analysis.head_types,
                                 progress=not args.quiet)
@@ -415,7 +433,7 @@ def _compare(args: argparse.Namespace) -> None:
     # Both outputs are computed before either is written, and each is written atomically: a
     # failed or interrupted comparison leaves nothing that blocks its rerun.
     html = build_comparison(comparison)
-    with out.writing():
+    with out.writing(elsewhere=True):
         with atomic_path(table) as tmp:
             frame.to_csv(tmp, index=False)
         with atomic_path(page) as tmp:

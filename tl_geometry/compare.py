@@ -25,7 +25,7 @@ from .errors import TLGeometryError
 from .io import head_name
 from .taxonomy import REGIMES, VOTES
 
-__all__ = ["Comparison", "compare"]
+__all__ = ["Comparison", "compare", "differing_settings"]
 
 
 @dataclass
@@ -136,6 +136,19 @@ class Comparison:
             raise TLGeometryError(f"{what} needs the same grid of heads in both analyses; {self.note}")
 
 
+# Settings a reader needs to know differ between the two analyses (the comparison's very purpose,
+# e.g. two dtypes, or something to keep in mind, e.g. two window lengths).
+_SETTINGS = ("dtype", "corpus", "seq_len", "n_windows", "queries", "random_repeats", "seed",
+             "transformer_lens")
+
+
+def differing_settings(a: Analysis, b: Analysis) -> list[str]:
+    """The settings in which the two analyses differ, as ``"seq_len 256 vs 1024"``."""
+    ours, theirs = a.geometry.settings, b.geometry.settings
+    return [f"{key} {ours.get(key, '?')} vs {theirs.get(key, '?')}" for key in _SETTINGS
+            if key in ours and key in theirs and ours[key] != theirs[key]]
+
+
 def compare(a: Analysis, b: Analysis, *, names: tuple[str, str] = ("a", "b")) -> Comparison:
     """Compare two analyses (see :class:`Comparison`); ``names`` label them in every table."""
     if not (isinstance(a, Analysis) and isinstance(b, Analysis)):
@@ -145,13 +158,15 @@ def compare(a: Analysis, b: Analysis, *, names: tuple[str, str] = ("a", "b")) ->
         raise TLGeometryError(f"give the two analyses different names; both are {names[0]!r}.")
     shared = tuple(n for n in a.geometry.n if n in b.geometry.n)
     models = [analysis.geometry.settings.get("model", "?") for analysis in (a, b)]
+    differences = differing_settings(a, b)
+    differ = f" Settings that differ: {', '.join(differences)}." if differences else " Same settings."
     if a.taxonomy.shape != b.taxonomy.shape:
         note = (f"different architectures ({models[0]}: {a.taxonomy.shape[0]}×{a.taxonomy.shape[1]} heads, "
                 f"{models[1]}: {b.taxonomy.shape[0]}×{b.taxonomy.shape[1]}): compared at the model level only "
-                "(regime fractions, F_N curves); no head-by-head agreement.")
+                "(regime fractions, F_N curves); no head-by-head agreement." + differ)
         return Comparison(names, a, b, False, note, shared)
     same = "the same model" if models[0] == models[1] else f"{models[0]} and {models[1]} (same grid of heads)"
-    note = f"{same}: compared head by head over {a.taxonomy.shape[0]}×{a.taxonomy.shape[1]} heads."
+    note = f"{same}: compared head by head over {a.taxonomy.shape[0]}×{a.taxonomy.shape[1]} heads." + differ
     stats = a.taxonomy.agreement(b.taxonomy)
     ids_a, ids_b = a.taxonomy.label_ids.flatten(), b.taxonomy.label_ids.flatten()
     transitions = torch.zeros(len(REGIMES), len(REGIMES), dtype=torch.long)

@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapters import ModelInfo, attention_weights, describe_model, sequence_nll, stream_layers
+from .checkpoint import KeyedCheckpoint
 from .config import AblationMode, ImportanceMethod
 from .errors import TLGeometryError
 from .hooks import (
@@ -300,6 +300,8 @@ def head_importance(
     if method not in IMPORTANCE_METHODS:
         raise TLGeometryError(f"method must be one of {IMPORTANCE_METHODS}; got {method!r}.")
     info = describe_model(model)
+    if tokens is not None:
+        info.check_length(tokens.shape[-1])
     if method == "magnitude":
         return _magnitude(model, info)
     if method == "random":
@@ -363,9 +365,13 @@ def pruning_curve(
     return pd.DataFrame(rows)
 
 
-def _scan_key(info: ModelInfo, tokens, mask, mode) -> str:
-    return json.dumps({"model": info.model_name, "shape": [info.n_layers, info.n_heads], "mode": mode,
-                       "tokens": token_digest(tokens, mask)})
+def scan_checkpoint(path: str | Path, model: Any, tokens: Tensor, attention_mask: Tensor | None = None,
+                    mode: AblationMode = "zero") -> KeyedCheckpoint:
+    """The checkpoint of :func:`single_head_scan` at ``path`` for these model, windows and mode
+    (checked on opening; ``.problem()`` says why a saved one cannot be resumed)."""
+    info = describe_model(model)
+    return KeyedCheckpoint(path, {"model": info.model_name, "shape": [info.n_layers, info.n_heads], "mode": mode,
+                                  "tokens": token_digest(tokens, attention_mask)}, "single-head scan")
 
 
 def single_head_scan(
@@ -382,23 +388,19 @@ def single_head_scan(
 
     Exact and batched: every forward carries ``batch_size`` (window, head) replicas, each with its
     own head of the current layer ablated, so no Python loop runs per head. ``checkpoint``: a
-    JSON file updated after every layer; a rerun with the same model, windows and mode resumes
-    from it (a different run's file is refused).
+    file (:mod:`~tl_geometry.checkpoint`) updated after every layer; a rerun with the same model,
+    windows and mode resumes from it (a different run's file is refused before any forward).
     """
     from tqdm.auto import tqdm
 
     if mode not in ("zero", "mean"):
         raise TLGeometryError("single_head_scan supports mode 'zero' or 'mean'.")
     info = describe_model(model)
-    key = _scan_key(info, tokens, attention_mask, mode)
+    info.check_length(tokens.shape[-1])
     result = torch.full((info.n_layers, info.n_heads), torch.nan, dtype=torch.float64)
-    path = None if checkpoint is None else Path(checkpoint)
-    if path is not None and path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("key") != key:
-            raise TLGeometryError(f"{path} belongs to another scan (model, windows or mode differ); delete it or "
-                             "pass another checkpoint path.")
-        result = torch.tensor(saved["delta_nll"], dtype=torch.float64)
+    state = None if checkpoint is None else scan_checkpoint(checkpoint, model, tokens, attention_mask, mode)
+    if state is not None:
+        result = state.load()[0].get("delta_nll", result).double()
     baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
     means = _reference_means(model, list(range(info.n_layers)), tokens, attention_mask) if mode == "mean" else None
     n_win, heads = tokens.shape[0], info.n_heads
@@ -427,10 +429,8 @@ def single_head_scan(
             nll_sum.index_add_(0, h_rows, nll)
             count.index_add_(0, h_rows, n.double())
         result[layer] = (nll_sum / count - baseline) / baseline
-        if path is not None:
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text(json.dumps({"key": key, "delta_nll": result.tolist()}))
-            tmp.replace(path)  # atomic: a killed scan keeps its last finished layer
+        if state is not None:
+            state.save({"delta_nll": result})  # atomic: a killed scan keeps its last finished layer
     return result.float()
 
 

@@ -46,11 +46,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 def save_tensors(path: str | Path, kind: str, tensors: dict[str, Tensor], **metadata: Any) -> None:
     """Write ``tensors`` to ``path`` (atomically) with ``kind`` and JSON-encoded ``metadata``."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     meta = {"kind": kind, **{key: json.dumps(value) for key, value in metadata.items()}}
     with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+        except SafetensorError as exc:  # its I/O errors (a full disk) are the user's to fix, as OSErrors are
+            if "I/O error" not in str(exc):
+                raise
+            raise OSError(str(exc).removeprefix("Error while serializing: ")) from None
 
 
 def load_tensors(path: str | Path, kind: str) -> tuple[dict[str, Tensor], dict[str, Any]]:

@@ -159,12 +159,10 @@ def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None 
     """
     n_at, n_value = _n_index(res, n)
     ns = res.geometry.n
+    if delta_nll is not None:
+        delta_nll = _per_head(res, delta_nll, "delta_nll (single_head_scan's result)")
     if isinstance(color, torch.Tensor):
-        shape = res.taxonomy.shape
-        if tuple(color.shape) != tuple(shape) or color.dtype == torch.bool or color.is_complex():
-            raise TLGeometryError(f"a tensor to colour the heads by must be real [n_layers, n_heads] = {list(shape)}; "
-                                  f"got {color.dtype} {list(color.shape)}.")
-        values = color.detach().cpu().double()
+        values = _per_head(res, color, "a tensor to colour the heads by")
         return grid_figure(values, _head_hover(res, n_at, delta_nll), title=title or "per-head values",
                            colorbar=title or "value", diverging=_signed(values))
     if color in HEAD_TYPES:
@@ -191,6 +189,16 @@ def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None 
         raise TLGeometryError(f"{color!r} is not a per-head metric (shape {tuple(values.shape)}).")
     return _per_n_map(values, ns, n_at, [_head_hover(res, i, delta_nll) for i in range(len(ns))],
                       title=f"{color} per head", colorbar=color, diverging=diverging)
+
+
+def _per_head(res: Analysis, values: Any, what: str) -> torch.Tensor:
+    """``values`` as a float64 ``[n_layers, n_heads]`` tensor of this analysis' heads, or one line."""
+    shape = list(res.taxonomy.shape)
+    if (not isinstance(values, torch.Tensor) or list(values.shape) != shape or values.dtype == torch.bool
+            or values.is_complex()):
+        got = f"{values.dtype} {list(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
+        raise TLGeometryError(f"{what} must be a real [n_layers, n_heads] = {shape} tensor; got {got}.")
+    return values.detach().cpu().double()
 
 
 def _signed(values: torch.Tensor) -> bool:

@@ -9,13 +9,14 @@ A run folder holds one analysis and what was derived from it::
     head_types.safetensors        TransformerLens's head-type scores of the model (tlg.head_types)
     drilldown_<regime>.json       head drill-down figures
     checkpoint.safetensors        an interrupted analysis (removed once it has finished)
-    pruning.csv, single_head_scan.csv, topn.csv, scan_checkpoint.json   from ``tl-geometry prune``
-    streaming.csv, stream_checkpoint.json                                from ``tl-geometry stream``
+    pruning.csv, single_head_scan.csv, topn.csv, scan_checkpoint.safetensors   from ``tl-geometry prune``
+    streaming.csv, stream_checkpoint.safetensors                                from ``tl-geometry stream``
     derived.json                  the run_id each derived table was computed from
     report.html
     manifest.json                 every result file of the analysis with its size and SHA-256, written last
     .tl-geometry                  the marker: tl-geometry owns this folder (written first)
-    .tl-geometry.lock             held (flock) by the one process writing to the folder
+    .tl-geometry.lock             held (``filelock``) by the one process writing to the folder
+    .tl-geometry.writer           who holds the lock: named to a second writer when it is refused
 
 Every file is written atomically. A run writes only into a new or empty folder, a folder it
 marked as its own, or a run folder written before markers existed; any other non-empty folder
@@ -25,12 +26,12 @@ manifest is written, after every result; readers check the manifest, so a folder
 while saving is never taken for a finished one. A finished analysis is replaced only on request
 (``overwrite``), and then the tables derived from the old one go with it; the report reads a
 derived table only when ``derived.json`` says it belongs to the analysis beside it, so it never
-mixes the results of two analyses.
+mixes the results of two analyses. ``Analysis.save`` writes through the same rules as
+``tl-geometry analyze`` (``RunFolder(path, api=True)`` words the refusals for Python).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .derived_tables import DERIVED_TABLES, read_table
 from .errors import TLGeometryError
 from .head_types import HEAD_TYPES_FILE
 from .io import MANIFEST, MARKER, atomic_path, check_sealed, head_name, manifest_files, sha256_file
@@ -58,32 +60,32 @@ if TYPE_CHECKING:
 
 __all__ = ["RunFolder", "DERIVED_TABLES"]
 
-# Tables derived from an analysis, with the columns each must have.
-DERIVED_TABLES = {
-    "pruning.csv": ("method", "retention", "delta_nll"),
-    "single_head_scan.csv": ("layer", "head", "name", "delta_nll"),
-    "topn.csv": ("n", "delta_nll", "renormalise"),
-    "streaming.csv": ("order", "seed", "fraction", "delta_nll", "window", "sink", "seq_len", "n_kv_total", "baseline_nll"),
-}
-
-
-LOCK = ".tl-geometry.lock"
+LOCK, WRITER = ".tl-geometry.lock", ".tl-geometry.writer"
 # Files of a finished analysis that the manifest vouches for (drill-downs are added by name).
 RESULT_FILES = ("geometry.safetensors", "taxonomy.safetensors", "settings.json", "heads.csv", "summary.csv")
-
-
-# Columns of the derived tables that hold text; every other named column holds numbers.
-_TEXT_COLUMNS = ("method", "name", "order")
+# Checkpoints of earlier versions (JSON), removed with the analysis they belonged to.
+_OLD_CHECKPOINTS = ("scan_checkpoint.json", "stream_checkpoint.json")
 
 
 @dataclass(frozen=True)
 class RunFolder:
-    """One run folder (see the module docstring for its files)."""
+    """One run folder (see the module docstring for its files). ``api``: refusals name the Python
+    arguments (``overwrite=True``) rather than the command line's flags (``--overwrite``)."""
 
     path: Path
+    api: bool = False
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, api: bool = False):
         object.__setattr__(self, "path", Path(path))
+        object.__setattr__(self, "api", api)
+
+    @property
+    def _overwrite(self) -> str:
+        return "overwrite=True" if self.api else "--overwrite"
+
+    @property
+    def _elsewhere(self) -> str:
+        return "save to another folder" if self.api else "choose another --out"
 
     # ----- names --------------------------------------------------------------------------------
     @property
@@ -104,11 +106,11 @@ class RunFolder:
 
     @property
     def scan_checkpoint(self) -> Path:
-        return self.path / "scan_checkpoint.json"
+        return self.path / "scan_checkpoint.safetensors"
 
     @property
     def stream_checkpoint(self) -> Path:
-        return self.path / "stream_checkpoint.json"
+        return self.path / "stream_checkpoint.safetensors"
 
     @property
     def report(self) -> Path:
@@ -175,31 +177,37 @@ class RunFolder:
         if foreign:
             shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
             raise TLGeometryError(f"{str(self.path)!r} is not empty and was not written by tl-geometry ({shown}): "
-                                  "choose another --out (a new or empty folder); --overwrite never replaces "
+                                  f"{self._elsewhere} (a new or empty folder); {self._overwrite} never replaces "
                                   "files tl-geometry did not write")
 
     # ----- one writer ---------------------------------------------------------------------------
     @contextmanager
-    def writing(self) -> Iterator[None]:
-        """Hold the folder's lock while writing (creates the folder and its marker): a second
-        process is refused with one line naming the first. The lock is an ``flock`` on
-        ``.tl-geometry.lock``, so a process that dies releases it with its file descriptors."""
+    def writing(self, *, elsewhere: bool = False) -> Iterator[None]:
+        """Hold the folder's lock while writing (creates the folder, and its marker unless it is a
+        run folder from before markers): a second process is refused with one line naming the
+        first (``elsewhere``: the refusal also offers another output folder, where the caller
+        has one). ``filelock`` holds an OS lock where the platform has one (``flock``,
+        ``msvcrt``), so a process that dies releases it with its file descriptors."""
+        from filelock import FileLock, Timeout
+
         self.create()
-        lock = self.path / LOCK
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        lock = FileLock(self.path / LOCK)
         try:
+            lock.acquire(timeout=0)
+        except Timeout:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
-                raise TLGeometryError(f"{str(self.path)!r} is being written by {holder}: wait for it to finish, "
-                                      "or choose another --out") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"tl-geometry pid {os.getpid()} on {socket.gethostname()} since "
-                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+                holder = (self.path / WRITER).read_text(encoding="utf-8").strip()
+            except OSError:
+                holder = ""
+            advice = f"wait for it to finish, or {self._elsewhere}" if elsewhere else "wait for it to finish"
+            raise TLGeometryError(f"{str(self.path)!r} is being written by {holder or 'another process'}: "
+                                  f"{advice}") from None
+        try:
+            self._write_text(self.path / WRITER, f"tl-geometry pid {os.getpid()} on {socket.gethostname()} since "
+                                                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
             yield
         finally:
-            os.close(fd)  # releases the lock
+            lock.release()
 
     # ----- before an analysis -------------------------------------------------------------------
     def check_new_analysis(self, *, overwrite: bool, resume: bool) -> None:
@@ -207,38 +215,49 @@ class RunFolder:
         no checkpoint; refuse a folder that is not tl-geometry's; check that the folder can be
         written. Changes nothing on disk."""
         if self.path.exists() and not self.path.is_dir():
-            raise TLGeometryError(f"output folder {str(self.path)!r} is a file, not a folder: choose another --out")
+            raise TLGeometryError(f"output folder {str(self.path)!r} is a file, not a folder: {self._elsewhere}")
+        self.check_writable()
         self.check_not_foreign()
         if self.is_interrupted and not (resume or overwrite):
-            raise TLGeometryError(f"{str(self.path)!r} was interrupted while saving its results: rerun the same "
-                                  "command with --resume (or --overwrite to start again)")
+            again = f"pass {self._overwrite} to replace it" if self.api else \
+                "rerun the same command with --resume (or --overwrite to start again)"
+            raise TLGeometryError(f"{str(self.path)!r} was interrupted while saving its results: {again}")
         if resume and not self.checkpoint.is_file() and self.is_finished:
             raise TLGeometryError(f"{self.path} holds a finished analysis and no checkpoint: nothing to resume "
                                   "(pass --overwrite instead of --resume to replace it)")
         if self.is_finished and not overwrite and not resume:
-            raise TLGeometryError(f"{self.path} already holds a finished analysis: pass --overwrite to replace it "
-                                  "(and the pruning/scan results derived from it), or choose another --out")
-        self.check_writable()
+            raise TLGeometryError(f"{self.path} already holds a finished analysis: pass {self._overwrite} to replace "
+                                  f"it (and the pruning/scan results derived from it), or {self._elsewhere}")
 
     def check_writable(self) -> None:
-        """The folder, or the nearest existing folder above it, must be a writable folder."""
+        """The folder, or the nearest existing folder above it, must be a writable folder (and its
+        name one the file system takes)."""
+        if self.path.is_symlink() and not self.path.exists():
+            raise TLGeometryError(f"output folder {str(self.path)!r} is a symbolic link to nothing "
+                                  f"({os.readlink(self.path)!r} does not exist): {self._elsewhere}, or create its target")
+        too_long = [part for part in self.path.parts if len(part.encode()) > 255]
+        if too_long:
+            raise TLGeometryError(f"output folder {str(self.path)!r} has a name of {len(too_long[0].encode())} bytes; "
+                                  f"file systems take at most 255: {self._elsewhere}")
         existing = self.path
         while not existing.exists() and existing.parent != existing:
             existing = existing.parent
         if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
             what = "is not a folder" if not existing.is_dir() else "is not writable"
-            raise TLGeometryError(f"output folder {str(self.path)!r} cannot be written: {str(existing)!r} {what}")
+            raise TLGeometryError(f"output folder {str(self.path)!r} cannot be written: {str(existing)!r} {what}; "
+                                  f"{self._elsewhere}")
 
     def create(self) -> None:
         """Create the folder and its marker (once the run's inputs are valid: failed runs leave no
-        empty folder)."""
+        empty folder). A finished run folder from before markers stays unmarked: marked without
+        a manifest, it would read as an interrupted run."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            if not self.marker.is_file():
-                self._write_text(self.marker, json.dumps({"tool": "tl-geometry", "layout": 1}))
+            if not self.marker.is_file() and not self.is_legacy:
+                self._mark()
         except OSError as exc:
             raise TLGeometryError(f"cannot create output folder {str(self.path)!r} ({exc.strerror}): check the "
-                                  "path and its permissions, or choose another --out") from None
+                                  f"path and its permissions, or {self._elsewhere}") from None
 
     def drop_stale_checkpoint(self, rank: int = 0, world_size: int = 1) -> bool:
         """Remove this process's checkpoint of an earlier interrupted run (call once the new run's
@@ -257,8 +276,10 @@ class RunFolder:
         return its new run_id. The manifest goes first and comes back last, so a run stopped
         while saving is never taken for a finished one. Files tl-geometry wrote for a previous
         analysis here (its manifest's, the derived tables) are removed; nothing else is."""
-        legacy = self.is_legacy  # before the marker makes the folder tl-geometry's
+        legacy = self.is_legacy
         self.create()
+        if legacy:  # its new analysis makes the folder tl-geometry's
+            self._mark()
         run_id = uuid.uuid4().hex
         geometry, taxonomy = (replace(result, settings={**result.settings, "run_id": run_id})
                               for result in (analysis.geometry, analysis.taxonomy))
@@ -266,7 +287,7 @@ class RunFolder:
         previous = set(self._manifest_files())
         if legacy:
             previous |= {self.drilldown(regime).name for regime in REGIMES}
-        derived = set(self._manifest()) | (set(DERIVED_TABLES) if legacy else set())
+        derived = set(self._manifest() or {}) | (set(DERIVED_TABLES) if legacy else set())
         self.manifest.unlink(missing_ok=True)
         self.derived_manifest.unlink(missing_ok=True)
         geometry.save(self.geometry)
@@ -279,7 +300,7 @@ class RunFolder:
             analysis.head_types.save(self.path / HEAD_TYPES_FILE)
             written.append(HEAD_TYPES_FILE)
         for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.scan_checkpoint.name,
-                      self.stream_checkpoint.name]:
+                      self.stream_checkpoint.name, *_OLD_CHECKPOINTS]:
             (self.path / stale).unlink(missing_ok=True)
         for regime, figure in drilldowns.items():
             self._write_text(self.drilldown(regime), figure)
@@ -316,42 +337,31 @@ class RunFolder:
         if name not in DERIVED_TABLES:
             raise ValueError(f"unknown derived table {name!r}")
         path = self._write_frame(name, frame)
-        manifest = self._manifest()
+        manifest = self._manifest() or {}
         manifest[name] = run_id
         self._write_text(self.derived_manifest, json.dumps(manifest, indent=1))
         return path
 
-    def read_derived(self, run_id: str | None) -> tuple[dict[str, pd.DataFrame], list[str]]:
-        """The derived tables that belong to the analysis ``run_id`` (by name), and the names of
-        those present that belong to another analysis (ignored). A table with missing columns or
-        unreadable values raises :class:`TLGeometryError`."""
-        import pandas as pd
-
+    def read_derived(self, run_id: str | None) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+        """The derived tables that belong to the analysis ``run_id`` (by name), each checked row by
+        row (:func:`~tl_geometry.derived_tables.read_table`), and those present but left out, with
+        why (another analysis's, or ``derived.json`` unreadable)."""
         manifest = self._manifest()
-        tables, foreign = {}, []
-        for name, columns in DERIVED_TABLES.items():
+        tables, left_out = {}, {}
+        for name, table in DERIVED_TABLES.items():
             path = self.path / name
             if not path.is_file():
                 continue
-            # Folders written before run ids have no manifest: their tables are the analysis's own.
-            owner = manifest.get(name, run_id if run_id is None else "")
-            if owner != run_id:
-                foreign.append(name)
+            if manifest is None:
+                left_out[name] = (f"{self.derived_manifest.name}, which says which analysis it belongs to, is "
+                                  f"unreadable; rerun {table.command}")
                 continue
-            try:
-                frame = pd.read_csv(path)
-            except (OSError, ValueError) as exc:
-                raise TLGeometryError(f"cannot read {path} ({exc}): rerun tl-geometry prune") from None
-            missing = [c for c in columns if c not in frame.columns]
-            if missing:
-                raise TLGeometryError(f"{path} lacks the columns {', '.join(missing)}: it was not written by "
-                                      "tl-geometry prune; rerun it")
-            for column in columns:
-                if column not in _TEXT_COLUMNS and not pd.api.types.is_numeric_dtype(frame[column]):
-                    raise TLGeometryError(f"{path}: column {column!r} must hold numbers (it has "
-                                          f"{frame[column].iloc[0]!r}…): rerun tl-geometry prune")
-            tables[name] = frame
-        return tables, foreign
+            # Folders written before run ids have no manifest: their tables are the analysis's own.
+            if manifest.get(name, run_id if run_id is None else "") != run_id:
+                left_out[name] = f"computed from an earlier analysis; rerun {table.command}"
+                continue
+            tables[name] = read_table(path)
+        return tables, left_out
 
     def write_scan(self, scan: Tensor, run_id: str | None) -> Path:
         """``single_head_scan.csv`` from a ``[layer, head]`` ΔNLL tensor (one row per head)."""
@@ -371,15 +381,14 @@ class RunFolder:
                 for result in results for n, d in zip(result.n, result.delta_nll, strict=True)]
         return self.write_derived("topn.csv", pd.DataFrame(rows), run_id)
 
-    def read_report_extras(self, analysis: Analysis) -> tuple[dict[str, Any], list[str]]:
+    def read_report_extras(self, analysis: Analysis) -> tuple[dict[str, Any], dict[str, str]]:
         """The derived results of ``analysis`` as the report takes them (``pruning`` DataFrame,
         ``scan`` ``[layer, head]`` tensor, ``topn`` list of ``TopNDeletion``, ``streaming``
-        :class:`~tl_geometry.StreamingCurve`), and the names of the tables present that belong to
-        another analysis."""
+        :class:`~tl_geometry.StreamingCurve`), and the tables present but left out, with why."""
         from .interventions import TopNDeletion
         from .streaming import StreamingCurve
 
-        tables, foreign = self.read_derived(analysis.geometry.settings.get("run_id"))
+        tables, left_out = self.read_derived(analysis.geometry.settings.get("run_id"))
         extras: dict[str, Any] = {}
         if "pruning.csv" in tables:
             extras["pruning"] = tables["pruning.csv"]
@@ -391,20 +400,15 @@ class RunFolder:
                               for renorm, part in tables["topn.csv"].groupby("renormalise")]
         if "streaming.csv" in tables:
             extras["streaming"] = StreamingCurve.from_dataframe(tables["streaming.csv"])
-        return extras, foreign
+        return extras, left_out
 
     def _scan_tensor(self, frame: pd.DataFrame, shape: tuple[int, int]) -> Tensor:
         """The ``[layer, head]`` ΔNLL of a scan table, refused when its heads do not fit ``shape``."""
         scan = torch.full(shape, torch.nan)
-        try:  # torch.tensor copies: pandas' read-only arrays would make torch warn
-            layers, heads = torch.tensor(frame["layer"].tolist()), torch.tensor(frame["head"].tolist())
-            values = torch.tensor(frame["delta_nll"].tolist(), dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            layers = heads = None
-        fits = (layers is not None and layers.dtype == heads.dtype == torch.int64 and not frame.empty
-                and int(layers.min()) >= 0 and int(heads.min()) >= 0
-                and int(layers.max()) < shape[0] and int(heads.max()) < shape[1])
-        if not fits:
+        # Rows were checked as they were read (integers ≥ 0); torch.tensor copies pandas' read-only arrays.
+        layers, heads = (torch.tensor(frame[c].tolist(), dtype=torch.long) for c in ("layer", "head"))
+        values = torch.tensor(frame["delta_nll"].tolist(), dtype=torch.float64)
+        if int(layers.max()) >= shape[0] or int(heads.max()) >= shape[1]:
             raise TLGeometryError(f"{self.path / 'single_head_scan.csv'} does not fit this analysis's "
                                   f"{shape[0]}×{shape[1]} heads: rerun tl-geometry prune")
         scan[layers, heads] = values.float()
@@ -422,14 +426,18 @@ class RunFolder:
         return figures
 
     # ----- helpers ------------------------------------------------------------------------------
-    def _manifest(self) -> dict[str, Any]:
+    def _manifest(self) -> dict[str, Any] | None:
+        """``derived.json`` ({} when absent, None when unreadable: then no derived table is trusted)."""
         if not self.derived_manifest.is_file():
             return {}
         try:
             manifest = json.loads(self.derived_manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return {}  # unreadable: no derived table is trusted
-        return manifest if isinstance(manifest, dict) else {}
+            return None
+        return manifest if isinstance(manifest, dict) else None
+
+    def _mark(self) -> None:
+        self._write_text(self.marker, json.dumps({"tool": "tl-geometry", "layout": 1}))
 
     def _write_text(self, path: Path, text: str) -> Path:
         with atomic_path(path) as tmp:

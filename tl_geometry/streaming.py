@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapters import ModelInfo, describe_model
+from .checkpoint import KeyedCheckpoint
 from .errors import TLGeometryError
 from .head_types import HeadTypes, head_types
 from .interventions import ablate_heads, check_window, head_importance, mean_nll
@@ -41,7 +41,7 @@ from .io import token_digest
 from .taxonomy import HeadTaxonomy
 
 __all__ = ["StreamingOrder", "STREAMING_ORDERS", "StreamingCurve", "streaming_curve", "check_streaming_arguments",
-           "kv_head_needs"]
+           "kv_head_needs", "stream_checkpoint"]
 
 StreamingOrder = Literal["taxonomy", "echo_induction", "entropy", "random", "oracle"]
 STREAMING_ORDERS: tuple[str, ...] = get_args(StreamingOrder)
@@ -155,23 +155,26 @@ def check_streaming_arguments(seq_len: int, fractions, orders, window, sink, see
         raise TLGeometryError(f"seeds must be an int ≥ 1 (random orders); got {seeds!r}.")
 
 
+def stream_checkpoint(path: str | Path, model: Any, tokens: Tensor, attention_mask: Tensor | None = None, *,
+                      window: int = 64, sink: int = 4) -> KeyedCheckpoint:
+    """The checkpoint of :func:`streaming_curve` at ``path`` for these model, windows, window and
+    sink (the evaluations do not depend on the orders, fractions or seeds asked for)."""
+    info = describe_model(model)
+    return KeyedCheckpoint(path, {"model": info.model_name, "shape": [info.n_layers, info.n_heads, info.n_kv_heads],
+                                  "window": window, "sink": sink, "tokens": token_digest(tokens, attention_mask)},
+                           "streaming curve")
+
+
 class _Evaluations:
-    """NLL per set of streamed kv heads, computed once and kept in an optional JSON checkpoint
-    (atomic writes; a checkpoint of other windows, model or window settings is refused)."""
+    """NLL per set of streamed kv heads, computed once and kept in an optional checkpoint."""
 
     def __init__(self, model, info: ModelInfo, tokens, mask, window, sink, batch_size, checkpoint):
         self.model, self.info, self.tokens, self.mask = model, info, tokens, mask
         self.window, self.sink, self.batch_size = window, sink, batch_size
-        self.key = json.dumps({"model": info.model_name, "shape": [info.n_layers, info.n_heads, info.n_kv_heads],
-                               "window": window, "sink": sink, "tokens": token_digest(tokens, mask)})
-        self.path = None if checkpoint is None else Path(checkpoint)
-        self.done: dict[str, float] = {}
-        if self.path is not None and self.path.is_file():
-            saved = json.loads(self.path.read_text())
-            if saved.get("key") != self.key:
-                raise TLGeometryError(f"{self.path} belongs to another streaming run (model, windows, window or sink "
-                                      "differ); pass another checkpoint path.")
-            self.done = saved["nll"]
+        self.state = None if checkpoint is None else stream_checkpoint(checkpoint, model, tokens, mask, window=window,
+                                                                        sink=sink)
+        saved = {} if self.state is None else self.state.load()[1].get("nll", {})
+        self.done: dict[str, float] = {str(k): float(v) for k, v in saved.items()}
 
     def nll(self, kv_heads: Sequence[int]) -> float:
         ids = sorted(int(k) for k in kv_heads)
@@ -182,10 +185,8 @@ class _Evaluations:
             ablation = ablate_heads(self.model, heads, mode="window", window=self.window, sink=self.sink)
             self.done[name] = mean_nll(self.model, self.tokens, attention_mask=self.mask, batch_size=self.batch_size,
                                        fwd_hooks=ablation.fwd_hooks)
-            if self.path is not None:
-                tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-                tmp.write_text(json.dumps({"key": self.key, "nll": self.done}))
-                tmp.replace(self.path)
+            if self.state is not None:
+                self.state.save({}, {"nll": self.done})
         return self.done[name]
 
 
@@ -194,10 +195,10 @@ def streaming_curve(
     tokens: Int[Tensor, "batch pos"],
     analysis: Any = None,
     *,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fractions: float | Sequence[float] = DEFAULT_FRACTIONS,
     window: int = 64,
     sink: int = 4,
-    orders: Sequence[StreamingOrder] = STREAMING_ORDERS,
+    orders: StreamingOrder | Sequence[StreamingOrder] = STREAMING_ORDERS,
     seeds: int = 3,
     attention_mask: Tensor | None = None,
     batch_size: int = 4,
@@ -212,16 +213,21 @@ def streaming_curve(
 
     ``analysis``: an :class:`~tl_geometry.Analysis` (or its :class:`HeadTaxonomy`) of this model,
     needed for the ``"taxonomy"`` order; ``types``: this model's :class:`HeadTypes` if already
-    measured (else measured here for ``"echo_induction"``). Every set of kv heads is evaluated once
-    (``checkpoint``: a JSON file that a rerun resumes from). Costs one evaluation of ``tokens`` per kv head for the
+    measured (else measured here for ``"echo_induction"``). ``orders`` and ``fractions`` take one
+    value alone too. Every set of kv heads is evaluated once (``checkpoint``: a file that a rerun
+    with the same windows, window and sink resumes from, :mod:`~tl_geometry.checkpoint`). Costs one evaluation of ``tokens`` per kv head for the
     oracle, one per (order, fraction) otherwise, one forward of 101 tokens for the echo/induction
     scores and one pass over ``tokens`` for the entropies.
     """
     from tqdm.auto import tqdm
 
     info = describe_model(model)
-    orders = tuple(dict.fromkeys(orders))
+    info.check_length(tokens.shape[-1])
+    orders = tuple(dict.fromkeys((orders,) if isinstance(orders, str) else orders))
+    fractions = (fractions,) if isinstance(fractions, int | float) else tuple(fractions)
     check_streaming_arguments(tokens.shape[-1], fractions, orders, window, sink, seeds)
+    # The checkpoint first: a file that cannot be resumed is refused before any forward.
+    evaluations = _Evaluations(model, info, tokens, attention_mask, window, sink, batch_size, checkpoint)
     taxonomy = getattr(analysis, "taxonomy", analysis)
     if "taxonomy" in orders:
         if not isinstance(taxonomy, HeadTaxonomy):
@@ -242,7 +248,6 @@ def streaming_curve(
     if "entropy" in orders:  # head_importance's entropy importance is minus the mean entropy
         entropy = -head_importance(model, tokens, "entropy", attention_mask=attention_mask, batch_size=batch_size)
         needs["entropy"] = kv_head_needs(entropy.double(), info.n_kv_heads)
-    evaluations = _Evaluations(model, info, tokens, attention_mask, window, sink, batch_size, checkpoint)
     baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
     if "oracle" in orders:
         alone = [evaluations.nll([k]) for k in tqdm(range(n_kv), desc="oracle (each kv head alone)", disable=not progress)]
