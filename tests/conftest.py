@@ -20,3 +20,18 @@ def smollm2():
 
     return load_model("smollm2-135m")
 
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    """A real finished run folder of a tiny model (the settings a CLI run writes)."""
+    import tl_geometry as tlg
+    from tl_geometry.run_folder import RunFolder
+
+    from .tiny import random_tokens, tiny_model
+
+    analysis = tlg.analyze(tiny_model(4, 2), random_tokens(2, 12, seed=1), (1, 2), repeats=1, bootstrap=10,
+                           progress=False)
+    run = RunFolder(tmp_path / "run")
+    run.write_analysis(analysis, {"cli_model": "smollm2-135m", "seed": 0, "corpus_spec": "python-reference"}, {})
+    return run

@@ -95,7 +95,7 @@ def test_unreadable_results_name_the_file(tmp_path, two_analyses, content):
     data = run.geometry.read_bytes()
     run.geometry.write_bytes(data[: len(data) // 2] if content is None else content)
     with pytest.raises(TLGeometryError, match=f"cannot read {run.geometry}.*rerun"):
-        run.read_analysis()
+        tlg.Analysis.load(run.path)
 
 
 def test_malformed_derived_table_is_one_clear_error(tmp_path, two_analyses):
@@ -151,7 +151,7 @@ def test_the_manifest_comes_last_and_readers_check_it(tmp_path, two_analyses, mo
         run.write_analysis(second, {}, {})
     monkeypatch.undo()
     assert run.is_interrupted and not run.is_finished
-    for read in (run.read_analysis, lambda: tlg.Analysis.load(run.path)):
+    for read in (run.verify, lambda: tlg.Analysis.load(run.path)):
         with pytest.raises(TLGeometryError, match="interrupted while saving.*--resume"):
             read()
     with pytest.raises(TLGeometryError, match="interrupted while saving.*--resume"):
@@ -164,7 +164,7 @@ def test_the_manifest_comes_last_and_readers_check_it(tmp_path, two_analyses, mo
     data[-1] ^= 1
     run.taxonomy.write_bytes(bytes(data))
     with pytest.raises(TLGeometryError, match="cannot read .*taxonomy.safetensors.*checksum"):
-        run.read_analysis()
+        tlg.Analysis.load(run.path)
 
 
 def test_one_writer_at_a_time(tmp_path):
@@ -216,3 +216,117 @@ def test_overwriting_a_folder_from_before_markers_clears_its_old_outputs(tmp_pat
     run.write_analysis(second, {}, {})
     assert not (tmp_path / "drilldown_mixer.json").exists() and not (tmp_path / "pruning.csv").exists()
     assert (tmp_path / "notes.txt").read_text() == "the user's" and run.is_owned and run.is_finished
+
+
+def _finished_cli_run(folder, analysis):
+    run = RunFolder(folder)
+    run.write_analysis(analysis.with_head_types(_types(analysis)), {"cli_model": "smollm2-135m"}, {"mixer": "{}"})
+
+
+def _types(analysis):
+    return tlg.HeadTypes(*(torch.zeros(analysis.taxonomy.shape) for _ in range(3)))
+
+
+def _users_folder(folder, analysis):
+    folder.mkdir()
+    (folder / "geometry.safetensors").write_text("the user's own file of that name")
+    (folder / "head_types.safetensors").write_text("the user's own scores")
+
+
+def _interrupted_save(folder, analysis):
+    _finished_cli_run(folder, analysis)
+    (folder / "manifest.json").unlink()
+
+
+def _dangling(folder, analysis):
+    folder.symlink_to(folder.parent / "nowhere")
+
+
+# Analysis.save: (how the folder is prepared, the path saved to, what the one line says).
+SAVE_REFUSALS = {
+    "into a finished run": (_finished_cli_run, "run", "already holds a finished analysis: pass overwrite=True to "
+                                                      "replace it"),
+    "into a user's folder": (_users_folder, "run", "was not written by tl-geometry"),
+    "into a user's folder, overwrite": (_users_folder, "run", "overwrite=True never replaces files tl-geometry did "
+                                                             "not write"),
+    "into a run interrupted while saving": (_interrupted_save, "run", "interrupted while saving its results: pass "
+                                                                     "overwrite=True"),
+    "below a file": (lambda f, a: (f.mkdir(), (f / "file.py").write_text("x")), "run/file.py/x",
+                     "file.py' is not a folder; save to another folder"),
+    "a 300-character name": (lambda f, a: f.mkdir(), "run/" + "L" * 300, "has a name of 300 bytes"),
+    "onto a file": (lambda f, a: (f.mkdir(), (f / "file.py").write_text("x")), "run/file.py",
+                    "is a file, not a folder: save to another folder"),
+    "a link to nothing": (_dangling, "run", "is a symbolic link to nothing"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAVE_REFUSALS))
+def test_save_refuses_in_one_line_and_changes_nothing(case, tmp_path, two_analyses):
+    prepare, name, message = SAVE_REFUSALS[case]
+    first, second = two_analyses
+    prepare(tmp_path / "run", first)
+    before = snapshot(tmp_path)
+    inside = snapshot(tmp_path / "run") if (tmp_path / "run").is_dir() else None
+    with pytest.raises(TLGeometryError) as error:
+        second.save(tmp_path / name, overwrite=case.endswith("overwrite"))
+    assert message in str(error.value) and "\n" not in str(error.value) and "--" not in str(error.value), error.value
+    assert snapshot(tmp_path) == before
+    if (tmp_path / "run").is_dir() and not (tmp_path / "run").is_symlink():
+        assert snapshot(tmp_path / "run") == inside
+
+
+def test_a_saved_analysis_is_a_finished_run_for_every_command(tmp_path, two_analyses, capsys):
+    from tl_geometry.cli import main
+
+    first, second = two_analyses
+    first.save(tmp_path / "a")
+    second.save(tmp_path / "b")
+    run = RunFolder(tmp_path / "a")
+    assert run.is_owned and run.is_finished and not run.is_interrupted
+    run.verify()
+    assert main(["report", str(run.path)]) == 0  # the README's notebook workflow
+    assert run.is_finished and not run.is_interrupted  # the report left it a finished run
+    assert torch.equal(tlg.Analysis.load(run.path).taxonomy.votes, first.taxonomy.votes)
+    assert main(["compare", str(run.path), str(tmp_path / "b"), "--out", str(tmp_path / "c")]) == 0
+    assert main(["report", str(run.path)]) == 0  # again: still finished
+
+
+def test_save_replaces_only_on_request_and_only_what_tl_geometry_wrote(tmp_path, two_analyses):
+    first, second = two_analyses
+    _finished_cli_run(tmp_path / "run", first)
+    (tmp_path / "run" / "notes.txt").write_text("the user's notes")
+    second.save(tmp_path / "run", overwrite=True)
+    loaded = tlg.Analysis.load(tmp_path / "run")
+    assert torch.equal(loaded.taxonomy.votes, second.taxonomy.votes) and loaded.head_types is None
+    assert not (tmp_path / "run" / "drilldown_mixer.json").exists()  # the replaced run's, listed in its manifest
+    assert (tmp_path / "run" / "notes.txt").read_text() == "the user's notes"
+
+
+def test_report_leaves_a_folder_from_before_markers_as_it_was(tmp_path, two_analyses, capsys):
+    from tl_geometry.cli import main
+
+    legacy_save(two_analyses[0], tmp_path / "old")
+    assert main(["report", str(tmp_path / "old")]) == 0
+    run = RunFolder(tmp_path / "old")
+    assert run.is_legacy and not run.is_interrupted and not run.marker.exists()
+    tlg.Analysis.load(run.path)
+    assert main(["report", str(run.path)]) == 0
+
+
+def test_the_cli_imports_and_locks_without_fcntl(tmp_path, two_analyses):
+    """Where ``fcntl`` does not exist (Windows), the lock is filelock's and the CLI still runs."""
+    import subprocess
+    import sys
+
+    legacy_save(two_analyses[0], tmp_path / "old")  # written without any lock
+    code = ("import sys, warnings; sys.modules['fcntl'] = None; warnings.simplefilter('ignore')\n"
+            "import tl_geometry as tlg\n"
+            "from tl_geometry.cli import main\n"
+            "from tl_geometry.run_folder import RunFolder\n"
+            f"tlg.Analysis.load({str(tmp_path / 'old')!r}).save({str(tmp_path / 'run')!r})\n"
+            f"assert main(['report', {str(tmp_path / 'run')!r}]) == 0\n"
+            f"with RunFolder({str(tmp_path / 'run')!r}).writing():\n"
+            f"    assert main(['report', {str(tmp_path / 'run')!r}]) == 2\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "is being written by tl-geometry pid" in done.stderr and "--out" not in done.stderr

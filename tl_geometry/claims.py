@@ -95,7 +95,9 @@ def claims_table(analysis: Analysis, *, pruning=None, scan: torch.Tensor | None 
         rows.append(_row("C7", f"cos(s_N, v_0) and cos(s_N, v_t) at N={ns[at]}: {text}",
                          None if any(v != v for pair in means.values() for v in pair) else bool(holds),
                          "mixers closer to the sink and retrievers closer to the current token than each other"))
-    if pruning is not None:
+    if pruning is not None and "taxonomy" not in set(pruning["method"]):
+        rows.append(_row("C8", "not measured: the pruning curves have no taxonomy ranking", None, "—"))
+    elif pruning is not None:
         table = pruning.pivot(index="method", columns="retention", values="delta_nll")
         moderate = [r for r in table.columns if 0.5 <= r < 1.0]
         wins = {r: table.loc["taxonomy", r] <= table.drop(index="taxonomy")[r].min() for r in table.columns if r < 1}

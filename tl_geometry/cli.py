@@ -95,8 +95,11 @@ def _drilldowns(model, analysis, windows) -> dict[str, str]:
 def _report_parts(run: RunFolder, say=print) -> dict:
     """What report.html is built from, read from the files of a run folder (no model needed);
     derived tables of another analysis are left out, with a word."""
-    analysis = run.read_analysis()
-    extras, left_out = run.read_report_extras(analysis)
+    from .analysis import Analysis
+    from .report import derived_results
+
+    analysis = Analysis.load(run.path)
+    extras, left_out = derived_results(run, analysis)
     for name, why in left_out.items():
         say(f"left out of the report: {name} ({why})")
     settings = analysis.geometry.settings
@@ -266,10 +269,11 @@ def _finished_run(args: argparse.Namespace):
     """A finished run folder that a derived job (prune, stream) may write to, checked before any
     model loads: the folder, its analysis, the model name (``--model`` or the run's settings), the
     run's seed and its corpus."""
+    from .analysis import Analysis
     from .corpus import load_corpus
 
     run = RunFolder(args.run)
-    analysis = run.read_analysis()
+    analysis = Analysis.load(run.path)
     run.check_writable()
     settings = run.read_settings()
     name = args.model or settings.get("cli_model")
@@ -406,6 +410,7 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace) -> None:
+    from .analysis import Analysis
     from .compare import compare
     from .report import build_comparison
 
@@ -423,7 +428,7 @@ def _compare(args: argparse.Namespace) -> None:
     if not args.overwrite and page.exists() and table.exists():  # one alone: an interrupted comparison
         raise TLGeometryError(f"{out.path} already holds a comparison: pass --overwrite to replace it, or choose "
                               "another --out")
-    analyses = [run.read_analysis() for run in runs]
+    analyses = [Analysis.load(run.path) for run in runs]
     out.check_writable()
     out.check_not_foreign(ours=(page.name, table.name))
     comparison = compare(*analyses, names=(names[0], names[1]))

@@ -15,7 +15,8 @@ from typing import Any, Literal, get_args
 
 from .errors import TLGeometryError
 
-__all__ = ["RunConfig", "Queries", "Distance", "Ranking", "AblationMode", "ImportanceMethod", "RANDOM_DRAWS"]
+__all__ = ["RunConfig", "Queries", "Distance", "Ranking", "AblationMode", "ImportanceMethod", "StreamingOrder",
+           "STREAMING_ORDERS", "RANDOM_DRAWS"]
 
 # The modes of every public signature, defined once (docs/metrics.md says what each means).
 Queries = Literal["last", "all"]
@@ -23,6 +24,8 @@ Distance = Literal["euclidean", "cosine"]
 Ranking = Literal["attention", "contribution"]
 AblationMode = Literal["zero", "mean", "sink", "window"]
 ImportanceMethod = Literal["magnitude", "entropy", "gradient", "random", "taxonomy"]
+StreamingOrder = Literal["taxonomy", "echo_induction", "entropy", "random", "oracle"]
+STREAMING_ORDERS: tuple[str, ...] = get_args(StreamingOrder)
 # "auto" random rankings: at least this many draws per (window, head) in total.
 RANDOM_DRAWS = 16
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .config import STREAMING_ORDERS
 from .errors import TLGeometryError
 
 if TYPE_CHECKING:
@@ -44,30 +45,32 @@ RETENTION = Column(lambda v: _number(v) and 0 <= v <= 1, "a share in [0, 1]")
 FLAG = Column(lambda v: isinstance(v, bool) or v in (0, 1), "True or False")
 
 
-def _streaming_order(value: Any) -> bool:
-    from .streaming import STREAMING_ORDERS  # imported here: the analysis layer sits above the folder's
-
-    return value in STREAMING_ORDERS
+def _one_of(names: tuple[str, ...], what: str) -> Column:
+    return Column(lambda v: v in names, f"{what} ({', '.join(names)})")
 
 
 @dataclass(frozen=True)
 class DerivedTable:
-    """A derived table: the command that writes it and its required columns (others may follow)."""
+    """A derived table: the command that writes it, its required columns (others may follow) and
+    the columns that name a row (no two rows alike)."""
 
     command: str
     columns: dict[str, Column]
+    key: tuple[str, ...]
 
 
 DERIVED_TABLES: dict[str, DerivedTable] = {
-    "pruning.csv": DerivedTable("tl-geometry prune", {"method": TEXT, "retention": RETENTION, "delta_nll": REAL}),
+    "pruning.csv": DerivedTable("tl-geometry prune", {"method": TEXT, "retention": RETENTION, "delta_nll": REAL},
+                                ("method", "retention")),
     "single_head_scan.csv": DerivedTable("tl-geometry prune", {"layer": _integer_at_least(0), "head": _integer_at_least(0),
-                                                               "name": TEXT, "delta_nll": REAL}),
-    "topn.csv": DerivedTable("tl-geometry prune", {"n": _integer_at_least(1), "delta_nll": REAL, "renormalise": FLAG}),
+                                                               "name": TEXT, "delta_nll": REAL}, ("layer", "head")),
+    "topn.csv": DerivedTable("tl-geometry prune", {"n": _integer_at_least(1), "delta_nll": REAL, "renormalise": FLAG},
+                             ("n", "renormalise")),
     "streaming.csv": DerivedTable("tl-geometry stream", {
-        "order": Column(_streaming_order, "a streaming order (taxonomy, echo_induction, entropy, random, oracle)"),
+        "order": _one_of(STREAMING_ORDERS, "a streaming order"),
         "seed": _integer_at_least(0), "fraction": SHARE, "delta_nll": REAL,
         "window": _integer_at_least(1), "sink": _integer_at_least(0), "seq_len": _integer_at_least(2),
-        "n_kv_total": _integer_at_least(1), "baseline_nll": POSITIVE}),
+        "n_kv_total": _integer_at_least(1), "baseline_nll": POSITIVE}, ("order", "seed", "fraction")),
 }
 
 
@@ -97,4 +100,8 @@ def read_table(path: Path) -> pd.DataFrame:
                 shown = "nothing" if value is None else repr(value)
                 raise TLGeometryError(f"{path}, line {row + 2}: column {name!r} must hold {column.means}, not {shown}: "
                                       f"{rerun}")
+    repeated = frame.duplicated(list(table.key))
+    if bool(repeated.any()):
+        row = int(repeated.to_numpy().argmax())
+        raise TLGeometryError(f"{path}, line {row + 2}: a second row for the same {', '.join(table.key)}: {rerun}")
     return frame

@@ -107,6 +107,9 @@ def check_sealed(folder: str | Path) -> None:
     markers, or by ``Analysis.save``) are not checked."""
     folder = Path(folder)
     if not (folder / MARKER).is_file():
+        if not ((folder / "geometry.safetensors").is_file() or (folder / "taxonomy.safetensors").is_file()):
+            raise TLGeometryError(f"{str(folder)!r} is not a finished run folder (no geometry/taxonomy results): "
+                                  "run tl-geometry analyze first")
         return
     files = manifest_files(folder)
     if not files:

@@ -22,14 +22,17 @@ from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io
+import torch
 
 from . import plots
 from .analysis import Analysis
 from .claims import claims_table
 from .compare import Comparison
+from .errors import TLGeometryError
 from .io import atomic_path, layer_spans
+from .run_folder import RunFolder
 
-__all__ = ["build_report", "write_report", "build_comparison", "write_comparison", "script_safe_json"]
+__all__ = ["build_report", "write_report", "build_comparison", "write_comparison", "script_safe_json", "derived_results"]
 
 
 def script_safe_json(obj: Any) -> str:
@@ -246,6 +249,41 @@ def write_comparison(comparison: Comparison, path: str | Path, **kwargs) -> Path
     with atomic_path(path) as tmp:
         tmp.write_text(build_comparison(comparison, **kwargs), encoding="utf-8")
     return path
+
+
+def derived_results(run: RunFolder, analysis: Analysis) -> tuple[dict[str, Any], dict[str, str]]:
+    """The results derived from ``analysis`` in its run folder, as :func:`build_report` takes them
+    (``pruning`` DataFrame, ``scan`` ``[layer, head]`` tensor, ``topn`` list of ``TopNDeletion``,
+    ``streaming`` :class:`~tl_geometry.StreamingCurve`), and the tables present but left out, with why."""
+    from .interventions import TopNDeletion
+    from .streaming import StreamingCurve
+
+    tables, left_out = run.read_derived(analysis.geometry.settings.get("run_id"))
+    extras: dict[str, Any] = {}
+    if "pruning.csv" in tables:
+        extras["pruning"] = tables["pruning.csv"]
+    if "single_head_scan.csv" in tables:
+        extras["scan"] = _scan_tensor(run.path / "single_head_scan.csv", tables["single_head_scan.csv"],
+                                      analysis.taxonomy.shape)
+    if "topn.csv" in tables:
+        extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].tolist(), dtype=torch.float64),
+                                       float("nan"), bool(renorm), {})
+                          for renorm, part in tables["topn.csv"].groupby("renormalise")]
+    if "streaming.csv" in tables:
+        extras["streaming"] = StreamingCurve.from_dataframe(tables["streaming.csv"])
+    return extras, left_out
+
+
+def _scan_tensor(path: Path, frame, shape: tuple[int, int]) -> torch.Tensor:
+    """The ``[layer, head]`` ΔNLL of a scan table, refused when its heads do not fit ``shape``."""
+    scan = torch.full(shape, torch.nan)
+    # Rows were checked as they were read (integers ≥ 0); torch.tensor copies pandas' read-only arrays.
+    layers, heads = (torch.tensor(frame[c].tolist(), dtype=torch.long) for c in ("layer", "head"))
+    values = torch.tensor(frame["delta_nll"].tolist(), dtype=torch.float64)
+    if int(layers.max()) >= shape[0] or int(heads.max()) >= shape[1]:
+        raise TLGeometryError(f"{path} does not fit this analysis's {shape[0]}×{shape[1]} heads: rerun tl-geometry prune")
+    scan[layers, heads] = values.float()
+    return scan
 
 
 def write_report(analysis: Analysis, path: str | Path, **kwargs) -> Path:

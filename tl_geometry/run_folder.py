@@ -43,7 +43,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from .derived_tables import DERIVED_TABLES, read_table
@@ -52,11 +51,8 @@ from .head_types import HEAD_TYPES_FILE
 from .io import MANIFEST, MARKER, atomic_path, check_sealed, head_name, manifest_files, sha256_file
 from .taxonomy import REGIMES
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the analysis and the jobs sit above the folder: it takes their results as they come
     import pandas as pd
-
-    from .analysis import Analysis
-    from .interventions import TopNDeletion
 
 __all__ = ["RunFolder", "DERIVED_TABLES"]
 
@@ -214,6 +210,7 @@ class RunFolder:
         """Refuse to replace a finished analysis without ``overwrite``, or to resume one that has
         no checkpoint; refuse a folder that is not tl-geometry's; check that the folder can be
         written. Changes nothing on disk."""
+        self._check_name()
         if self.path.exists() and not self.path.is_dir():
             raise TLGeometryError(f"output folder {str(self.path)!r} is a file, not a folder: {self._elsewhere}")
         self.check_writable()
@@ -232,13 +229,10 @@ class RunFolder:
     def check_writable(self) -> None:
         """The folder, or the nearest existing folder above it, must be a writable folder (and its
         name one the file system takes)."""
+        self._check_name()
         if self.path.is_symlink() and not self.path.exists():
             raise TLGeometryError(f"output folder {str(self.path)!r} is a symbolic link to nothing "
                                   f"({os.readlink(self.path)!r} does not exist): {self._elsewhere}, or create its target")
-        too_long = [part for part in self.path.parts if len(part.encode()) > 255]
-        if too_long:
-            raise TLGeometryError(f"output folder {str(self.path)!r} has a name of {len(too_long[0].encode())} bytes; "
-                                  f"file systems take at most 255: {self._elsewhere}")
         existing = self.path
         while not existing.exists() and existing.parent != existing:
             existing = existing.parent
@@ -246,6 +240,13 @@ class RunFolder:
             what = "is not a folder" if not existing.is_dir() else "is not writable"
             raise TLGeometryError(f"output folder {str(self.path)!r} cannot be written: {str(existing)!r} {what}; "
                                   f"{self._elsewhere}")
+
+    def _check_name(self) -> None:
+        """A name the file system takes (checked first: asking about a longer one raises)."""
+        too_long = [part for part in self.path.parts if len(part.encode()) > 255]
+        if too_long:
+            raise TLGeometryError(f"output folder {str(self.path)[:60]!r}… has a name of {len(too_long[0].encode())} "
+                                  f"bytes; file systems take at most 255: {self._elsewhere}")
 
     def create(self) -> None:
         """Create the folder and its marker (once the run's inputs are valid: failed runs leave no
@@ -271,8 +272,8 @@ class RunFolder:
         return True
 
     # ----- the analysis -------------------------------------------------------------------------
-    def write_analysis(self, analysis: Analysis, settings: dict[str, Any], drilldowns: dict[str, str]) -> str:
-        """Write a finished analysis with its tables and drill-down figures (JSON by regime) and
+    def write_analysis(self, analysis: Any, settings: dict[str, Any], drilldowns: dict[str, str]) -> str:
+        """Write a finished :class:`~tl_geometry.Analysis` with its tables and drill-down figures (JSON by regime) and
         return its new run_id. The manifest goes first and comes back last, so a run stopped
         while saving is never taken for a finished one. Files tl-geometry wrote for a previous
         analysis here (its manifest's, the derived tables) are removed; nothing else is."""
@@ -309,15 +310,6 @@ class RunFolder:
         self._write_text(self.manifest, json.dumps({"run_id": run_id, "files": files}, indent=1))
         return run_id
 
-    def read_analysis(self) -> Analysis:
-        """The finished analysis, or a :class:`TLGeometryError` that says what is missing."""
-        from .analysis import Analysis
-
-        if not (self.is_owned or self.is_legacy):
-            raise TLGeometryError(f"{str(self.path)!r} is not a finished run folder (no geometry/taxonomy results): "
-                                  "run tl-geometry analyze first")
-        return Analysis.load(self.path)  # checks the files against the manifest
-
     def read_settings(self) -> dict[str, Any]:
         try:
             settings = json.loads(self.settings.read_text(encoding="utf-8"))
@@ -329,7 +321,10 @@ class RunFolder:
 
     def run_id(self) -> str | None:
         """The run_id of the finished analysis (None for folders written before run ids)."""
-        return self.read_analysis().geometry.settings.get("run_id")
+        from .geometry import GeometryResult
+
+        self.verify()
+        return GeometryResult.load(self.geometry).settings.get("run_id")
 
     # ----- derived tables -----------------------------------------------------------------------
     def write_derived(self, name: str, frame: pd.DataFrame, run_id: str | None) -> Path:
@@ -373,46 +368,14 @@ class RunFolder:
                               "name": [head_name(a, b) for a, b in grid], "delta_nll": scan.flatten().double().numpy()})
         return self.write_derived("single_head_scan.csv", frame, run_id)
 
-    def write_topn(self, results: list[TopNDeletion], run_id: str | None) -> Path:
-        """``topn.csv`` from top-N deletion results (one row per N and renormalisation)."""
+    def write_topn(self, results: list[Any], run_id: str | None) -> Path:
+        """``topn.csv`` from :class:`~tl_geometry.interventions.TopNDeletion` results (one row per N
+        and renormalisation)."""
         import pandas as pd
 
         rows = [{"n": n, "delta_nll": float(d), "renormalise": result.renormalise}
                 for result in results for n, d in zip(result.n, result.delta_nll, strict=True)]
         return self.write_derived("topn.csv", pd.DataFrame(rows), run_id)
-
-    def read_report_extras(self, analysis: Analysis) -> tuple[dict[str, Any], dict[str, str]]:
-        """The derived results of ``analysis`` as the report takes them (``pruning`` DataFrame,
-        ``scan`` ``[layer, head]`` tensor, ``topn`` list of ``TopNDeletion``, ``streaming``
-        :class:`~tl_geometry.StreamingCurve`), and the tables present but left out, with why."""
-        from .interventions import TopNDeletion
-        from .streaming import StreamingCurve
-
-        tables, left_out = self.read_derived(analysis.geometry.settings.get("run_id"))
-        extras: dict[str, Any] = {}
-        if "pruning.csv" in tables:
-            extras["pruning"] = tables["pruning.csv"]
-        if "single_head_scan.csv" in tables:
-            extras["scan"] = self._scan_tensor(tables["single_head_scan.csv"], analysis.taxonomy.shape)
-        if "topn.csv" in tables:
-            extras["topn"] = [TopNDeletion(tuple(part["n"]), torch.tensor(part["delta_nll"].tolist(), dtype=torch.float64),
-                                           float("nan"), bool(renorm), {})
-                              for renorm, part in tables["topn.csv"].groupby("renormalise")]
-        if "streaming.csv" in tables:
-            extras["streaming"] = StreamingCurve.from_dataframe(tables["streaming.csv"])
-        return extras, left_out
-
-    def _scan_tensor(self, frame: pd.DataFrame, shape: tuple[int, int]) -> Tensor:
-        """The ``[layer, head]`` ΔNLL of a scan table, refused when its heads do not fit ``shape``."""
-        scan = torch.full(shape, torch.nan)
-        # Rows were checked as they were read (integers ≥ 0); torch.tensor copies pandas' read-only arrays.
-        layers, heads = (torch.tensor(frame[c].tolist(), dtype=torch.long) for c in ("layer", "head"))
-        values = torch.tensor(frame["delta_nll"].tolist(), dtype=torch.float64)
-        if int(layers.max()) >= shape[0] or int(heads.max()) >= shape[1]:
-            raise TLGeometryError(f"{self.path / 'single_head_scan.csv'} does not fit this analysis's "
-                                  f"{shape[0]}×{shape[1]} heads: rerun tl-geometry prune")
-        scan[layers, heads] = values.float()
-        return scan
 
     def read_drilldowns(self) -> list:
         import plotly.io

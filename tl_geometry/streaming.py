@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .adapters import ModelInfo, describe_model
 from .checkpoint import KeyedCheckpoint
+from .config import STREAMING_ORDERS, StreamingOrder
 from .errors import TLGeometryError
 from .head_types import HeadTypes, head_types
 from .interventions import ablate_heads, check_window, head_importance, mean_nll
@@ -43,8 +44,6 @@ from .taxonomy import HeadTaxonomy
 __all__ = ["StreamingOrder", "STREAMING_ORDERS", "StreamingCurve", "streaming_curve", "check_streaming_arguments",
            "kv_head_needs", "stream_checkpoint"]
 
-StreamingOrder = Literal["taxonomy", "echo_induction", "entropy", "random", "oracle"]
-STREAMING_ORDERS: tuple[str, ...] = get_args(StreamingOrder)
 DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
