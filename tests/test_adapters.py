@@ -20,6 +20,7 @@ from tl_geometry.adapters import (
 )
 from tl_geometry.analysis import analyze
 from tl_geometry.errors import TLGeometryError
+from tl_geometry.interventions import mean_nll
 
 from .tiny import random_tokens, tiny_bridge, tiny_hooked, tiny_windowed
 
@@ -233,3 +234,31 @@ def test_a_window_no_configuration_declares_is_told_by_the_pattern(style):
 def test_sliding_window_layers_read_from_a_bridged_hugging_face_config(hf_config, expected):
     model = SimpleNamespace(cfg=SimpleNamespace(), original_model=SimpleNamespace(config=SimpleNamespace(**hf_config)))
     assert _sliding_windows(model, 3) == expected
+
+
+# Every entry that runs the model: (call on a model of context 64 and 65-token windows).
+PAST_THE_CONTEXT = {
+    "analyze": lambda m, t: tlg.analyze(m, t, 1, progress=False),
+    "mean_nll": lambda m, t: mean_nll(m, t),
+    "pruning_curve": lambda m, t: tlg.pruning_curve(m, t, {"random": torch.rand(3, 4)}, progress=False),
+    "single_head_scan": lambda m, t: tlg.single_head_scan(m, t, progress=False),
+    "topn_deletion": lambda m, t: tlg.topn_deletion(m, t, progress=False),
+    "head_importance gradient": lambda m, t: tlg.head_importance(m, t, "gradient"),
+    "head_importance entropy": lambda m, t: tlg.head_importance(m, t, "entropy"),
+    "streaming_curve": lambda m, t: tlg.streaming_curve(m, t, orders="random", window=4, sink=1, progress=False),
+    "head_types": lambda m, t: tlg.head_types(m, length=40),  # BOS + 2 × 40
+}
+
+
+@pytest.mark.parametrize("entry", list(PAST_THE_CONTEXT))
+def test_every_entry_refuses_windows_past_the_context_before_any_forward(entry, monkeypatch):
+    from .tiny import tiny_model
+
+    model = tiny_model(4, 2)
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward ran on positions past the context")
+
+    monkeypatch.setattr(model, "forward", no_forward)
+    with pytest.raises(tlg.TLGeometryError, match="tokens per sequence exceed .*'s context of 64: cut the text"):
+        PAST_THE_CONTEXT[entry](model, random_tokens(2, 65))

@@ -90,7 +90,39 @@ CASES = {
     "corpus is a pipe": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/pipe"],
                          lambda f: (f.mkdir(), __import__("os").mkfifo(f / "pipe")), "is not a regular file"),
     "corpus is empty": (["analyze", "--out", "{dir}/run", "--corpus", ""], None, "corpus '' is empty"),
+    "--out a link to nothing": (["analyze", "--out", "{dir}/run"],
+                                lambda f: (f.mkdir(), (f / "run").symlink_to(f / "nowhere")), "symbolic link to nothing"),
+    "--out name too long": (["analyze", "--out", "{dir}/" + "L" * 300], None, "file systems take at most 255"),
+    "stream --seq-len 1": (["stream", "{dir}", "--seq-len", "1"], _finished, "--seq-len must be ≥ 2"),
+    "report of a folder being written": (["report", "{dir}"], lambda f: _held(f), "wait for it to finish"),
 }
+
+
+def _held(folder):
+    """A finished run whose lock another process holds (here: a child that sleeps)."""
+    import subprocess
+    import sys
+
+    import tl_geometry as tlg
+
+    from .tiny import random_tokens, tiny_model
+
+    tlg.analyze(tiny_model(4, 2), random_tokens(2, 8), 1, repeats=1, bootstrap=2, progress=False).save(folder)
+    code = (f"from tl_geometry.run_folder import RunFolder\nimport time\n"
+            f"with RunFolder({str(folder)!r}).writing():\n    print('held', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    _HELD.append(child)
+
+
+_HELD: list = []
+
+
+@pytest.fixture(autouse=True)
+def _release_held():
+    yield
+    while _HELD:
+        _HELD.pop().kill()
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -104,6 +136,8 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, capsys, tmp_path
     err = capsys.readouterr().err
     assert err.startswith("tl-geometry: error: ") and err.count("\n") == 1 and message in err, err
     assert (snapshot(folder) if folder.exists() else None) == before  # nothing written, moved or deleted
+    if argv[0] != "analyze" and argv[0] != "compare":
+        assert "--out" not in err  # the command has none to offer
 
 
 def test_a_real_bug_keeps_its_traceback(monkeypatch):
@@ -432,6 +466,10 @@ def test_stream_fills_the_run_and_its_report(capsys, smollm2, tmp_path):
                  "--quiet"]) == 0
     args = ["stream", str(out), "--windows", "1", "--seq-len", "32", "--window", "8", "--sink", "2",
             "--orders", "taxonomy,random,oracle", "--fractions", "0.5,1", "--seeds", "1", "--quiet"]
+    from tl_geometry.checkpoint import KeyedCheckpoint
+
+    # A checkpoint that cannot be resumed (another job's) is removed, as analyze removes an earlier run's.
+    KeyedCheckpoint(out / "stream_checkpoint.safetensors", {"other": 1}, "single-head scan").save({})
     assert main(args) == 0
     table = pd.read_csv(out / "streaming.csv")
     assert set(table["order"]) == {"taxonomy", "random", "oracle"} and set(table["fraction"]) == {0.5, 1.0}
@@ -465,4 +503,15 @@ def test_stream_refuses_a_run_of_another_model(finished_run, capsys):
     assert main(["stream", str(finished_run.path), "--seq-len", "64", "--window", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pass the analysis of this model" in err
+    assert snapshot(finished_run.path) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["stream", "--seq-len", "9000"], ["prune", "--seq-len", "9000"],
+                                     ["prune", "--scan-seq-len", "9000"]])
+def test_lengths_past_the_context_are_refused_before_any_work(finished_run, capsys, command):
+    before = snapshot(finished_run.path)
+    assert main([command[0], str(finished_run.path), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "9000 tokens per sequence exceed" in err and "context of 8192" in err, err
     assert snapshot(finished_run.path) == before

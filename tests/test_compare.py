@@ -137,3 +137,19 @@ def test_an_interrupted_comparison_does_not_block_its_rerun(tmp_path, pair):
     assert (out / "compare.html").is_file() and (out / "compare.csv").read_text() != "half"
     # a complete comparison is replaced only on request
     assert main(["compare", str(tmp_path / "A"), str(tmp_path / "B"), "--out", str(out)]) == 2
+
+
+def test_the_settings_that_differ_are_named(pair, tmp_path, capsys):
+    first, second = pair
+    longer = tlg.analyze(tiny_model(4, 2), random_tokens(3, 16, seed=1), (1, 2, 4), repeats=1, progress=False,
+                         bootstrap=10)
+    assert tlg.compare(first, first, names=("x", "y")).note.endswith("Same settings.")
+    differ = tlg.compare(first, longer).note
+    assert "Settings that differ: seq_len 12 vs 16." in differ and "dtype" not in differ
+    half = tlg.analyze(tiny_model(4, 2).to(torch.float16), random_tokens(3, 12, seed=1), (1, 2, 4), repeats=1,
+                       progress=False, bootstrap=10)
+    assert "dtype float32 vs float16" in tlg.compare(first, half).note
+    first.save(tmp_path / "a")
+    longer.save(tmp_path / "b")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c")]) == 0
+    assert "seq_len 12 vs 16" in capsys.readouterr().out

@@ -88,6 +88,15 @@ def test_any_per_head_tensor_is_mapped_with_its_title_and_signed_values_diverge(
         plots.head_map(res, torch.zeros(layers + 1, heads))
 
 
+@pytest.mark.parametrize("delta_nll", [torch.zeros(2, 2), torch.zeros(3, 4, 1), torch.zeros(3, 4, dtype=torch.bool)],
+                         ids=["too small", "an extra axis", "booleans"])
+def test_a_scan_of_the_wrong_shape_is_one_line(res, delta_nll):
+    for color in ("delta_nll", "regime"):  # the hover text reads it whatever the colour
+        with pytest.raises(TLGeometryError, match=r"delta_nll \(single_head_scan's result\) must be a real "
+                                                  r"\[n_layers, n_heads\] = \[3, 4\] tensor"):
+            plots.head_map(res, color, delta_nll=delta_nll)
+
+
 def test_bands_carry_no_markers(res):
     fig = plots.separability_curves(res)
     bands = [trace for trace in fig.data if trace.fill == "toself"]

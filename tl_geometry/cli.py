@@ -321,7 +321,7 @@ def _prune(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model = load_model(name)
     info = describe_model(model)
-    info.check_length(args.seq_len)  # before any window is cut or any head ranked
+    info.check_length(max(args.seq_len, args.scan_seq_len))  # before any window is cut or any head ranked
     analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
     # Held-out windows: another seed than the analysis, same length.
     held = make_windows(model, corpus, args.seq_len, args.windows, seed + 1).tokens
