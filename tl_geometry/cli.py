@@ -295,7 +295,7 @@ def _resume_or_restart(checkpoint, say) -> None:
     problem = checkpoint.problem()
     if problem is not None:
         checkpoint.drop()
-        say(f"removed {checkpoint.path.name} ({problem}): starting afresh")
+        say(f"removed {checkpoint.path.name}: {problem}; starting afresh")
 
 
 def _prune(args: argparse.Namespace) -> None:
