@@ -114,8 +114,10 @@ def test_overwrite_removes_only_what_tl_geometry_wrote(tmp_path, two_analyses):
     run.write_derived("pruning.csv", PRUNING, first_id)
     (run.path / "drilldown_mine.json").write_text("the user's own figure")
     (run.path / "notes.txt").write_text("the user's notes")
+    run.report.write_text("the first analysis's report")
     run.write_analysis(second, {}, {})
     assert not (run.path / "pruning.csv").exists() and not (run.path / "drilldown_mixer.json").exists()
+    assert not run.report.exists()  # it described the replaced analysis
     assert (run.path / "drilldown_mine.json").read_text() == "the user's own figure"
     assert (run.path / "notes.txt").read_text() == "the user's notes"
 

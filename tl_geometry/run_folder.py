@@ -276,7 +276,7 @@ class RunFolder:
         """Write a finished :class:`~tl_geometry.Analysis` with its tables and drill-down figures (JSON by regime) and
         return its new run_id. The manifest goes first and comes back last, so a run stopped
         while saving is never taken for a finished one. Files tl-geometry wrote for a previous
-        analysis here (its manifest's, the derived tables) are removed; nothing else is."""
+        analysis here (its manifest's, the derived tables, its report) are removed; nothing else is."""
         legacy = self.is_legacy
         self.create()
         if legacy:  # its new analysis makes the folder tl-geometry's
@@ -300,7 +300,7 @@ class RunFolder:
         if analysis.head_types is not None:
             analysis.head_types.save(self.path / HEAD_TYPES_FILE)
             written.append(HEAD_TYPES_FILE)
-        for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.scan_checkpoint.name,
+        for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.report.name, self.scan_checkpoint.name,
                       self.stream_checkpoint.name, *_OLD_CHECKPOINTS]:
             (self.path / stale).unlink(missing_ok=True)
         for regime, figure in drilldowns.items():
