@@ -20,8 +20,10 @@ import torch
 
 from tl_geometry.adapters import LayerAttention
 from tl_geometry.config import RunConfig
+from tl_geometry.errors import TLGeometryError
 from tl_geometry.layer_measures import measure_layer
 from tl_geometry.metrics import separability
+from tl_geometry.query_rows import squared_norm_limit
 from tl_geometry.regime import sink_aware_bounds
 
 NEIGHBOURS = 3  # floats checked on each side of the switch
@@ -239,3 +241,101 @@ def test_certificates_hold_at_the_switch_with_the_sink_excluded(name, route, dty
 @pytest.mark.parametrize("name", WINDOWED.keys())
 def test_certificates_hold_at_the_switch_in_a_sliding_window(name, route, dtypes, options):
     certified_around_the_switch(name, ROUTES[route], *dtypes, {**options, "window": WINDOWED[name][0].window})
+
+
+# ----- every magnitude: values too large for the working dtype are refused, tiny ones (gradual
+# underflow) get the absolute slack of Lemma 3 step 4 -----------------------------------------------
+
+def _orthogonal(norm: float, last_row=(0.45, 0.35, 0.2)) -> tuple[np.ndarray, np.ndarray]:
+    """Three orthogonal values of one ``norm`` (T = 3, the sink among them) under ``last_row``."""
+    return _causal(np.array(last_row)), np.eye(3) * norm
+
+
+def _scaled(family, scale: float):
+    def scaled(x: float):
+        pattern, v, n = family(x)
+        return pattern, v * scale, n
+    return scaled
+
+
+def _routes_agree_with_the_measurement(pattern, v, n, dtype):
+    pattern_t = torch.tensor(pattern, dtype=dtype)[None, None]
+    v_t = torch.tensor(v, dtype=dtype)[None, :, None]
+    for route in ROUTES.values():
+        p, r, p_low, r_low = route(pattern_t, v_t, n)
+        defined = ~torch.isnan(p)
+        assert (p_low[defined] <= p[defined]).all() and (r_low[defined] <= r[defined]).all(), (
+            f"certificate above the measurement: P {p.tolist()} R {r.tolist()} P̲ {p_low.tolist()} R̲ {r_low.tolist()}")
+
+
+# The review's violations: (pattern, values, N, dtype). V1–V2 tiny float32 values, where products
+# are subnormal; V3–V4 values whose squared norms overflow the working dtype.
+V_TINY = {
+    "V1 orthogonal 1e-22": (*_orthogonal(1e-22), 2, torch.float32),
+    "V2 sink beside orthogonal 3e-22": (*_scaled(sink_beside_orthogonal, 3e-22)(0.1)[:2], 2, torch.float32),
+}
+V_HUGE = {
+    "V3 orthogonal 2e19 float32": (*_orthogonal(2e19), 2, torch.float32),
+    "V4 orthogonal 1e155 float64": (*_orthogonal(1e155), 1, torch.float64),
+}
+
+
+@pytest.mark.parametrize("case", V_TINY.keys())
+def test_tiny_values_are_never_certified_above_the_measurement(case):
+    _routes_agree_with_the_measurement(*V_TINY[case])
+
+
+@pytest.mark.parametrize("route", ROUTES.keys())
+@pytest.mark.parametrize("case", V_HUGE.keys())
+def test_values_too_large_for_the_working_dtype_are_refused(case, route):
+    pattern, v, n, dtype = V_HUGE[case]
+    with pytest.raises(TLGeometryError, match=r"value vectors reach ‖v‖ = .* more than torch.float\d\d geometry holds"):
+        ROUTES[route](torch.tensor(pattern, dtype=dtype)[None, None], torch.tensor(v, dtype=dtype)[None, :, None], n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_largest_accepted_norm_is_certified_and_the_next_float_refused(dtype):
+    """Bisect the norm of orthogonal values to the two adjacent floats where the refusal starts;
+    below it every route measures and certifies within the measurement, above it every route refuses."""
+    def accepted(norm):
+        try:
+            ROUTES["layer_numba"](*_tensors(lambda x: (*_orthogonal(norm), 2), 0.0, dtype, dtype)[:2], 2)
+        except TLGeometryError:
+            return False
+        return True
+
+    a, b = bisect_switch(accepted, 1.0, float(torch.finfo(dtype).max) ** 0.5, dtype)
+    assert squared_norm_limit(dtype, 3) ** 0.5 == pytest.approx(_float(a, dtype), rel=1e-6)
+    for bits in range(a - NEIGHBOURS, a + 1):
+        _routes_agree_with_the_measurement(*_orthogonal(_float(bits, dtype)), 2, dtype)
+    for bits in range(b, b + NEIGHBOURS + 1):
+        for route in ROUTES.values():
+            with pytest.raises(TLGeometryError, match="more than"):
+                route(*_tensors(lambda x, bits=bits: (*_orthogonal(_float(bits, dtype)), 2), 0.0, dtype, dtype)[:2], 2)
+
+
+# Scales that take every family's products from normal through subnormal to zero in each dtype.
+UNDERFLOW_SCALES = {torch.float32: np.geomspace(1e-16, 1e-24, 9), torch.float64: np.geomspace(1e-152, 1e-163, 8)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", FAMILIES.keys())
+def test_certificates_hold_through_gradual_underflow(name, dtype):
+    """Every family scaled down through the working dtype's subnormal range: at each scale a grid of
+    its parameter, and the bisected switch of the measurement where it still switches, on every
+    route."""
+    family, lo, hi, _ = FAMILIES[name]
+    for scale in UNDERFLOW_SCALES[dtype]:
+        scaled = _scaled(family, float(scale))
+        for x in np.linspace(lo, hi, 5):
+            _routes_agree_with_the_measurement(*scaled(float(x)), dtype)
+
+        def measured(x, scaled=scaled):
+            p, r, _, _ = ROUTES["layer_numba"](*_tensors(scaled, x, dtype, dtype))
+            n = scaled(lo)[2]
+            return _at_n(p, n), _at_n(r, n)
+
+        if measured(lo) != measured(hi):
+            a, b = bisect_switch(measured, lo, hi, dtype)
+            for bits in range(a - NEIGHBOURS, b + NEIGHBOURS + 1):
+                _routes_agree_with_the_measurement(*scaled(_float(bits, dtype)), dtype)

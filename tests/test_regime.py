@@ -424,3 +424,16 @@ def test_theorem_3_is_informative_on_the_per_row_family(monkeypatch, dtype):
     monkeypatch.setattr(regime, "_THEOREMS", {k: f for k, f in regime._THEOREMS.items() if k != "theorem_3"})
     head_level = sink_aware_bounds(pattern, v, ns)
     assert (head_level.precision[0, 0, 21:, 1] <= floor[21:, 1] + 1e-9).all()  # after the first duplicate
+
+
+@pytest.mark.parametrize("entry", [1.0000001, 3e-22, 1e-30, 2.5e19])
+def test_float64_squares_and_sink_products_are_of_exact_products(entry):
+    # Lemma 3 step 2: float32 entries widened before they are multiplied, so with d = 1 the
+    # compiled kernels' float64 ‖v‖² and ⟨v_0, v_j⟩ are the exact products (1.0000001f squared is
+    # 1.0000002384185933, not the float32 product's 1.000000238418579).
+    from tl_geometry import _engine as engine
+
+    values = torch.full((1, 1, 2, 1), entry, dtype=torch.float32)
+    exact = float(values[0, 0, 0, 0].double()) ** 2
+    assert engine.squared_norms(values.numpy())[0, 0, 1] == exact
+    assert engine.sink_products(values.numpy())[0, 0, 1] == exact

@@ -30,7 +30,7 @@ from . import _engine as engine
 from .backend import Backend, resolve_backend
 from .config import RunConfig
 from .metrics import inversion_bounds, separability, separability_over_rankings
-from .query_rows import check_values, finite_values, query_positions
+from .query_rows import check_values, finite_values, query_positions, squared_norm_limit, working_dtype
 from .random_orders import random_top_orders
 from .regime import (
     CERTIFICATE_KEYS,
@@ -131,7 +131,7 @@ def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: B
         random = None
     # The fused pass checks the values from their squared norms (see _measure_fused).
     if backend == "torch":
-        att = replace(att, kv_values=finite_values(att.kv_values, att.key_mask))
+        att = replace(att, kv_values=finite_values(att.kv_values, att.key_mask, working_dtype(att.pattern, att.kv_values)))
     if backend == "numba":
         out = _measure_fused(att, config, random, Workspace() if workspace is None else workspace)
     else:
@@ -256,10 +256,10 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
     n_out = len(ns)
 
     value_sq = squared_value_norms(values)
-    # ‖v‖² in float64 is finite where v is (a float32 square cannot overflow it): only otherwise
-    # check every value (real keys refused) and zero the pads', which take no part.
-    if not bool(torch.isfinite(value_sq).all()) and not check_values(att.kv_values, att.key_mask):
-        values = torch.where(torch.isfinite(values), values, 0.0)
+    # Only where some float64 ‖v‖² is non-finite or too large for the working dtype, check every
+    # value (real keys refused) and zero the pads', which take no part.
+    if not bool((value_sq <= squared_norm_limit(dtype, values.shape[-1])).all()):
+        values = torch.where(check_values(att.kv_values, att.key_mask, dtype)[:, None, :, None], values, 0.0)
         value_sq = squared_value_norms(values)
     value_norm = values.norm(dim=-1)  # the taxonomy's ‖v‖, as winner_sources computes it
     want_bounds = config.sink and config.distance == "euclidean"

@@ -12,6 +12,7 @@ dtype: a bfloat16 softmax is only good to a few parts in a thousand.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,6 +35,8 @@ __all__ = [
     "query_positions",
     "row_sum_tolerance",
     "finite_values",
+    "squared_norm_limit",
+    "working_dtype",
     "gram_blocks",
     "block_grams",
     "GRAM_BYTES",
@@ -88,21 +91,44 @@ def check_inputs(pattern: Tensor, v: Tensor) -> None:
         raise TLGeometryError(f"v has {v.shape[2]} kv heads, which does not divide pattern's {heads} heads.")
 
 
-def check_values(v: Tensor, key_mask: Tensor) -> bool:
-    """Value vectors of real keys must be finite (NaN or inf would give meaningless distances).
-    Returns whether every value, pads included, is finite."""
-    finite = torch.isfinite(v).flatten(2).all(-1)  # [batch, key]
-    if bool((~finite & key_mask.to(finite.device)).any()):
+def working_dtype(pattern: Tensor, v: Tensor) -> torch.dtype:
+    """The dtype geometry computes in: the wider of the inputs', float32 at least."""
+    return torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
+
+
+def squared_norm_limit(dtype: torch.dtype, d_head: int) -> float:
+    """The largest ``‖v‖²`` that geometry in ``dtype`` accepts, ``finfo.max / (16·d_head)``: the
+    measurement's sums and the certificates' forms (at most ten terms of size ``‖v‖²``) then stay
+    finite (docs/theory.md, Lemma 3's model)."""
+    return torch.finfo(dtype).max / (16 * d_head)
+
+
+def check_values(v: Tensor, key_mask: Tensor, dtype: torch.dtype) -> Bool[Tensor, "batch key"]:
+    """Value vectors of real keys must be finite (NaN or inf would give meaningless distances) and
+    small enough for ``dtype`` geometry (:func:`squared_norm_limit`). Returns which keys', pads
+    included, are."""
+    squares = v.detach().double().square().sum(-1).amax(-1)  # [batch, key]: the largest over kv heads
+    limit = squared_norm_limit(dtype, v.shape[-1])
+    usable = squares <= limit  # False for NaN and inf
+    real = key_mask.to(usable.device)
+    if bool((~torch.isfinite(v).flatten(2).all(-1) & real).any()):
         raise TLGeometryError("v contains NaN or infinite values at real keys: check the model run (dtype overflow?) "
                               "or mask those positions as pads.")
-    return bool(finite.all())
+    if bool((~usable & real).any()):
+        largest = math.sqrt(float(squares.masked_fill(~real, 0).max()))
+        fix = "pass a float64 pattern and values" if dtype != torch.float64 else "rescale the values"
+        raise TLGeometryError(f"value vectors reach ‖v‖ = {largest:.3g} at real keys, more than {dtype} geometry "
+                              f"holds without overflow (‖v‖ ≤ {math.sqrt(limit):.3g} at d_head = {v.shape[-1]}): {fix}.")
+    return usable
 
 
-def finite_values(v: Tensor, key_mask: Tensor) -> Tensor:
-    """``v`` with non-finite entries at pad keys set to 0, after :func:`check_values` refused them at
-    real keys: pads take no part, but a NaN there would reach sums as ``0·NaN``. The one rule of
-    every consumer (both separability backends, the bounds, the sink diagnostics, the layer pass)."""
-    return v if check_values(v, key_mask) else torch.where(torch.isfinite(v), v, 0.0)
+def finite_values(v: Tensor, key_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``v`` with the values of pad keys that :func:`check_values` would refuse (non-finite or too
+    large for ``dtype``) set to 0, after it refused them at real keys: pads take no part, but a NaN
+    there would reach sums as ``0·NaN``. The one rule of every consumer (both separability
+    backends, the bounds, the sink diagnostics, the layer pass)."""
+    usable = check_values(v, key_mask, dtype)
+    return v if bool(usable.all()) else torch.where(usable[..., None, None], v, 0.0)
 
 
 def row_sum_tolerance(dtype: torch.dtype) -> float:
@@ -254,9 +280,9 @@ def query_rows(
     check_inputs(pattern, v)
     window = check_window(window)
     batch, heads, n_q, n_k = pattern.shape
-    dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
+    dtype = working_dtype(pattern, v)
     key_mask, query_mask = default_masks(pattern, key_mask, query_mask)
-    v = finite_values(v, key_mask)
+    v = finite_values(v, key_mask, dtype)
     qpos = query_positions(query_mask, queries)
     rows = gather_rows(pattern, qpos).to(dtype)
     valid = query_mask.gather(1, qpos)
@@ -328,9 +354,9 @@ def prepare_separability(pattern, v, ns: tuple[int, ...], *, distance, ranking, 
     if distance not in ("euclidean", "cosine"):
         raise TLGeometryError(f"distance must be 'euclidean' or 'cosine'; got {distance!r}.")
     batch, heads, n_q, n_k = pattern.shape
-    dtype = torch.promote_types(torch.promote_types(pattern.dtype, v.dtype), torch.float32)
+    dtype = working_dtype(pattern, v)
     key_mask, query_mask = default_masks(pattern, key_mask, query_mask)
-    v = finite_values(v, key_mask)
+    v = finite_values(v, key_mask, dtype)
     qpos = query_positions(query_mask, queries)
     n_sel = qpos.shape[1]
     all_rows = isinstance(queries, str) and queries == "all"

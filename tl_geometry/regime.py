@@ -48,7 +48,7 @@ __all__ = ["RegimeFit", "fit_regime", "SinkAwareBounds", "sink_aware_bounds", "r
 # The rows of certificate_table, in the order the fused kernel reads them: the Gram bounds of
 # Lemma 1, the two slack scales of Lemma 3 and the rounding of a working-dtype Gram entry (Lemma 5).
 CERTIFICATE_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq", "slack_w", "slack_64",
-                    "gram_err")
+                    "gram_err", "slack_abs")
 
 NORM_TOLERANCE = 0.1  # relative spread (std / mean) of non-sink norms accepted as "constant"
 SIGN_TOLERANCE = 0.9  # share of non-sink sources whose sink cosine has the majority sign
@@ -281,6 +281,27 @@ def _mu_plus(stats: ValueStatistics, d_head: int, roundoff: float) -> Float[Tens
     return ((mu_hat + _gamma(d_head + 4, roundoff)) * (1 + _gamma(2 * d_head + 8, roundoff))).clamp(max=1.0)
 
 
+def _largest_squares(squares: Tensor, mask: Tensor) -> Tensor:
+    """``M`` per prefix: the largest float64 ``‖v‖²`` over its non-sink keys and the sink."""
+    return torch.maximum(torch.where(mask, squares, 0.0).cummax(-1).values, squares[..., :1])
+
+
+def _underflow_unit(dtype: torch.dtype, roundoff: float) -> float:
+    """``η = 2u·tiny``: a bound on the absolute error of a working-``dtype`` operation whose result
+    is subnormal (the subnormal spacing of the format that rounds, reduced-precision included)."""
+    return torch.finfo(dtype).tiny * (2 * roundoff)
+
+
+def _underflow_slack(scale: Tensor, dtype: torch.dtype, roundoff: float, m: int, d_head: int) -> Tensor:
+    """The absolute slack of gradual underflow (docs/theory.md, Lemma 3 step 4), per prefix of
+    largest ``‖v‖² = M``: with ``η = 2u·tiny`` of the working ``dtype`` (the subnormal spacing, twice
+    the largest underflow error: ``u·tiny`` itself is no float64), ``4m·η·(M + d)`` for the
+    measurement's and the certificate's arithmetic and ``20(√(d·η·M) + d·η)`` for the computed
+    cosines. Negligible beside every margin in the normal range; decisive where values are tiny."""
+    eta = _underflow_unit(dtype, roundoff)
+    return 4 * m * eta * (scale + d_head) + 20 * (math.sqrt(d_head * eta) * scale.sqrt() + d_head * eta)
+
+
 def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
                       squares: Float[Tensor, "batch kv key"] | None = None,
                       products: Float[Tensor, "batch kv key"] | None = None) -> dict[str, Float[Tensor, "batch kv key"]]:
@@ -310,8 +331,9 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     sink_hi = torch.where(mask, products, -torch.inf).cummax(-1).values
     sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values
     sink_sq = squares[..., :1].expand_as(squares)
-    scale = torch.maximum(diag_hi, sink_sq)
+    scale = _largest_squares(squares, mask)
     m = 2 * (n_keys + d_head) + 16
+    eta = _underflow_unit(values.dtype, roundoff)
 
     def slack(gamma: float) -> Tensor:
         return torch.where(scale > 0, gamma * scale, 0.0)
@@ -321,7 +343,8 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
         "sink_sq": sink_sq, "slack_w": slack(_gamma(m, roundoff)), "slack_64": slack(16 * _gamma(m, 2.0**-53)),
-        "gram_err": slack(_gamma(d_head + 2, roundoff)),
+        "gram_err": slack(_gamma(d_head + 2, roundoff)) + (d_head + 2) * eta,
+        "slack_abs": _underflow_slack(scale, values.dtype, roundoff, m, d_head),
     }
 
 
@@ -355,6 +378,7 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
         "sink_sq": full, "slack_w": _gamma(m, roundoff) * (1 + 4 * _gamma(m, 2.0**-53)) * full,
         "slack_64": 18 * _gamma(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
+        "slack_abs": _underflow_slack(_largest_squares(squares, mask), values.dtype, roundoff, m, d_head),
     }
 
 
@@ -391,7 +415,7 @@ def _certified_counts(g: dict[str, Tensor], alpha: Tensor, mass: Tensor, a_max: 
     # certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
     # which proves the measured D_j² positive.
     own_error = g["slack_w"] * (alpha.square() + 2 * alpha * mass)
-    exact_error = g["slack_64"] * (alpha + mass).square()
+    exact_error = g["slack_64"] * (alpha + mass).square() + g["slack_abs"]
     certified = lower - own_error - g["slack_w"] * mass.square() - exact_error > 0
     selected_error = g["slack_w"] * (a_max.square() + 2 * a_max * mass)
     lower = torch.where(certified, lower - own_error - selected_error - exact_error, -torch.inf)

@@ -82,7 +82,7 @@ class LayerRows(NamedTuple):
     """The layer pass' inputs besides the values: ``pattern`` ``[batch, head, query, key]``;
     ``key_mask``, ``query_mask`` ``[batch, pos]``; ``last`` ``[batch]`` the last real query;
     ``norms`` ``[batch, kv, key]`` the taxonomy's ``‖v‖`` (the pattern's dtype);
-    ``certificates`` ``[2, 9, batch, kv, key]`` the Gram bounds and slack scales of Theorems 1 and 2 at each query
+    ``certificates`` ``[2, len(CERTIFICATE_KEYS), batch, kv, key]`` the Gram bounds and slack scales of Theorems 1 and 2 at each query
     (``regime.CERTIFICATE_KEYS``); ``random_keys`` ``[batch]`` (uint64, one per window and layer)."""
 
     pattern: np.ndarray

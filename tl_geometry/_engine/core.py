@@ -89,10 +89,11 @@ class Step(NamedTuple):
 
 @njit(fastmath=SUMS, **NO_RC)
 def dot(vectors, b, kv, k, y):
-    """``vectors[b, kv, k] · y`` in float64."""
+    """``vectors[b, kv, k] · y`` in float64: each product of widened operands (numba keeps
+    ``float()`` of a float32 a float32, whose products would round before the float64 sum)."""
     acc = 0.0
     for e in range(vectors.shape[3]):
-        acc += float(vectors[b, kv, k, e]) * y[e]
+        acc += np.float64(vectors[b, kv, k, e]) * np.float64(y[e])
     return acc
 
 
@@ -333,14 +334,14 @@ def nosink_f(s, st, n):
 
 
 @njit(**NO_RC)
-def _certified_lower(lower, a, mass, slack_w, slack_64, selected_error):
+def _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_error):
     """An unselected source's ``L_j`` less its slack σ_j (docs/theory.md, Lemma 3): the value to
     compare with ``max U_i``. ``-max`` (counted outside, and no selected source certified
     inside) unless ``L_j`` exceeds its slack τ_j, which proves that the measured ``D_j²`` is
     positive (the measurement clamps negative ones)."""
     own_error = slack_w * (a * a + 2 * a * mass)
     spread = a + mass
-    exact_error = slack_64 * spread * spread
+    exact_error = slack_64 * spread * spread + slack_abs
     positive = lower - own_error - slack_w * mass * mass - exact_error > 0.0
     certified = lower - own_error - selected_error - exact_error
     return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
@@ -403,7 +404,7 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     g = cert[form]
     diag_lo, diag_hi, pair_hi, pair_lo = g[0, b, kv, t], g[1, b, kv, t], g[2, b, kv, t], g[3, b, kv, t]
     sink_hi, sink_lo, sink_sq = g[4, b, kv, t], g[5, b, kv, t], g[6, b, kv, t]
-    slack_w, slack_64 = g[7, b, kv, t], g[8, b, kv, t]
+    slack_w, slack_64, slack_abs = g[7, b, kv, t], g[8, b, kv, t], g[10, b, kv, t]
     w0, total, sum_sq, a_max = _selected_weights(weights, order, n)
     mass = total + w0
     u_max = -math.inf
@@ -429,12 +430,12 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     outside = 0  # +inf (excluded) drops selected and non-candidates from the count and minimum
     for k in range(1, t + 1):
         a = weights[k]
-        value = _certified_lower(a * a * diag_lo + s_sq_lo - 2 * a * inner, a, mass, slack_w, slack_64,
+        value = _certified_lower(a * a * diag_lo + s_sq_lo - 2 * a * inner, a, mass, slack_w, slack_64, slack_abs,
                                  selected_error) + s.excluded[k]
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
     if s.excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
-        s.dist[0] = _certified_lower(lower_0, weights[0], mass, slack_w, slack_64, selected_error)
+        s.dist[0] = _certified_lower(lower_0, weights[0], mass, slack_w, slack_64, slack_abs, selected_error)
     else:
         s.dist[0] = math.inf
     outside += 1 if s.dist[0] <= u_max else 0
@@ -478,7 +479,7 @@ def certify_rows(cert, values, rule, at, s, order, j):
     :func:`certify` does."""
     b, _, kv, t, _, _ = at
     g = cert[0]
-    slack_w, slack_64, err = g[7, b, kv, t], g[8, b, kv, t], g[9, b, kv, t]
+    slack_w, slack_64, err, slack_abs = g[7, b, kv, t], g[8, b, kv, t], g[9, b, kv, t], g[10, b, kv, t]
     n = rule.ns[j]
     _grow_pairs(values.gram, b, kv, order, rule.ns[j - 1] if j > 0 else 0, n, s.pair_range)
     total_size = mass = sum_sq = a_max = 0.0
@@ -504,7 +505,7 @@ def certify_rows(cert, values, rule, at, s, order, j):
     for k in range(t + 1):
         a = s.alpha[k]
         lower = a * a * values.squares[b, kv, k] + s_sq_lo - 2 * a * mass * (s.reach[k] + err)
-        value = _certified_lower(lower, a, mass, slack_w, slack_64, selected_error) + s.excluded[k]
+        value = _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
     return _bounds(s, t, n, outside)

@@ -17,7 +17,8 @@ __all__ = ["squared_norms", "sink_products", "norms_from_squares", "pair_cosine_
 @njit(cache=True, nogil=True)
 def _products(values, with_sink):
     """``v_k · v_k`` (or ``v_k · v_0``) in float64 for every key of ``[batch, kv, key, d]`` values,
-    without a float64 copy (products of float32 entries are exact)."""
+    without a float64 copy: products of float32 entries widened to float64 are exact, so the
+    result is a float64 reduction of exact products (docs/theory.md, Lemma 3 step 2)."""
     n_batch, n_kv, n_k, _ = values.shape
     out = np.empty((n_batch, n_kv, n_k))
     for b in range(n_batch):
