@@ -74,12 +74,14 @@ def oracle_separability(pattern, v, ns, *, distance="euclidean", ranking="attent
     return out
 
 
-def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False, window=None):
-    """Theorem 3 of docs/theory.md in exact-as-float64 loops, without rounding slacks: for each query
-    t and top-N set S (attention ranking, ties to the lower position), Lemma 2 with the row's own
-    statistics: exact ‖v_k‖², the range of ⟨v_k, v_l⟩ over the pairs of S and, for each unselected
-    j, max_{k∈S} ⟨v_j, v_k⟩. Returns (P̲, R̲) float64 tensors [batch, head, query, len(ns)] (NaN =
-    undefined)."""
+def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False, window=None, theorems=(3, 4)):
+    """Theorems 3 and 4 of docs/theory.md in exact-as-float64 loops, without rounding slacks, the
+    larger bound of the two: for each query t and top-N set S (attention ranking, ties to the lower
+    position), Lemma 2 with the row's own statistics (exact ‖v_k‖², the range of ⟨v_k, v_l⟩ over the
+    pairs of S and, for each unselected j, max_{k∈S} ⟨v_j, v_k⟩), and the compared form
+    e_k = D_k² − ‖s‖² between E_i (with min_{k∈S∖i} ⟨v_i, v_k⟩) and F_j, where F_j counts only when
+    Theorem 3's L_j > 0 (as the code proves the measured D_j² positive); ``theorems`` picks them.
+    Returns (P̲, R̲) float64 tensors [batch, head, query, len(ns)] (NaN = undefined)."""
     pattern = pattern.double()
     v = v.double()
     batch, heads, n_q, _ = pattern.shape
@@ -112,6 +114,12 @@ def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False, window=None):
                     s_sq = max(quadratic(chosen, g_lo), 0.0)
                     lower = [alpha[j] ** 2 * gram[j][j] + s_sq - 2 * alpha[j] * mass * max(gram[j][k] for k in chosen)
                              for j in rest]
-                    out_p[b, h, t, ni] = n / (n + sum(x <= max(upper) for x in lower))
-                    out_r[b, h, t, ni] = sum(u < min(lower) for u in upper) / n
+                    e_up = [-alpha[i] ** 2 * gram[i][i]
+                            - (2 * alpha[i] * (mass - alpha[i]) * min(gram[i][k] for k in chosen if k != i) if n > 1
+                               else 0.0) for i in chosen]
+                    f_lo = [alpha[j] ** 2 * gram[j][j] - 2 * alpha[j] * mass * max(gram[j][k] for k in chosen)
+                            if low > 0 else -math.inf for j, low in zip(rest, lower, strict=True)]
+                    bounds = {3: (upper, lower), 4: (e_up, f_lo)}
+                    out_p[b, h, t, ni] = max(n / (n + sum(x <= max(bounds[k][0]) for x in bounds[k][1])) for k in theorems)
+                    out_r[b, h, t, ni] = max(sum(u < min(bounds[k][1]) for u in bounds[k][0]) for k in theorems) / n
     return out_p, out_r

@@ -91,6 +91,31 @@ def duplicate_of_the_sink(x: float) -> tuple[np.ndarray, np.ndarray, int]:
     return _causal(np.array([0.5, 0.5])), v, 1
 
 
+def _three_selected(x: float, selected: np.ndarray, c: float = 2.0, d: float = 0.2) -> tuple[np.ndarray, np.ndarray, int]:
+    """Three selected values (rows of ``selected``, weights (1 − x)/3) and an unselected
+    ``c·e0 + d·f`` with weight x, whose products with the three are all ``c·a`` (``F_j`` exact)."""
+    v = np.zeros((4, selected.shape[1] + 1))
+    v[:3, :-1] = selected
+    v[3, 0], v[3, -1] = c, d
+    return _causal(np.r_[np.full(3, (1 - x) / 3), x]), v, 3
+
+
+def equal_pairs(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Theorem 4's exact family: selected ``a·e0 + b_k·e_k`` (every selected pair ``G = a²``, so ``E_i``
+    is exact) beside the unselected ``c·e0 + d·f``; Theorem 3 is exact here too. ``e_j`` crosses the
+    largest ``e_i`` near x = 0.13."""
+    a = 0.6
+    return _three_selected(x, np.array([[a, 1.0, 0, 0], [a, 0, 0.9, 0], [a, 0, 0, 0.8]]))
+
+
+def unequal_pairs(x: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Selected pairs ``G_01 = G_02 = a² < G_12``: source 0 decides (its ``E_0`` exact, the pairs it is in
+    equal), while Theorem 3 bounds ``‖s‖²`` with the smallest pair on every pair and certifies less
+    near the switch (R̲ = 0 where Theorem 4 gives the measured 2/3)."""
+    a, p, r = 0.6, 0.6, 0.3
+    return _three_selected(x, np.array([[a, 0.5, 0, 0], [a, 0, p, r], [a, 0, p, -r]]))
+
+
 # family: (inputs, lo, hi, far): the measurement switches between lo and hi; at far the
 # certificate proves exactly what is measured (the family is tight, so the test can fail).
 FAMILIES = {
@@ -99,6 +124,8 @@ FAMILIES = {
     "coherent_triple_spread": (coherent_triple_spread, 0.005, 0.05, 0.005),
     "coherent_triple_beside_duplicates": (coherent_triple_beside_duplicates, 0.01, 0.1, 0.01),
     "duplicate_of_the_sink": (duplicate_of_the_sink, 0.5, 1.0, 0.5),
+    "equal_pairs": (equal_pairs, 0.05, 0.14, 0.02),
+    "unequal_pairs": (unequal_pairs, 0.05, 0.14, 0.02),
 }
 
 
@@ -224,6 +251,8 @@ def certified_around_the_switch(name, measure, pattern_dtype, value_dtype, optio
 @pytest.mark.parametrize("route", ROUTES.keys())
 @pytest.mark.parametrize("name", FAMILIES.keys())
 def test_certificates_hold_at_the_switch_and_its_neighbours(name, route, dtypes, options):
+    if name == "unequal_pairs" and options:
+        pytest.skip("the contribution ranking selects the long unselected value before the crossing")
     certified_around_the_switch(name, ROUTES[route], *dtypes, options)
 
 
@@ -339,3 +368,15 @@ def test_certificates_hold_through_gradual_underflow(name, dtype):
             a, b = bisect_switch(measured, lo, hi, dtype)
             for bits in range(a - NEIGHBOURS, b + NEIGHBOURS + 1):
                 _routes_agree_with_the_measurement(*scaled(_float(bits, dtype)), dtype)
+
+
+@pytest.mark.parametrize("route", ROUTES.keys())
+def test_theorem_4_certifies_what_theorem_3_cannot(route):
+    # unequal_pairs just before R's second switch: the measured R = 2/3, Theorem 3 alone proves 0
+    # (tests/oracle.py), the compared form proves 2/3 on every route
+    from .oracle import oracle_row_bounds
+
+    pattern, v, n = _tensors(unequal_pairs, 0.11, torch.float64, torch.float64)
+    _, r, _, r_low = ROUTES[route](pattern, v, n)
+    assert _at_n(r, n) == _at_n(r_low, n) == 2 / 3
+    assert float(oracle_row_bounds(pattern, v, (n,), theorems=(3,))[1][0, 0, -1, 0]) == 0

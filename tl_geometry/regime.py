@@ -407,16 +407,18 @@ _ROW_CHUNK_ENTRIES = 1 << 24
 
 
 def _certified_counts(g: dict[str, Tensor], alpha: Tensor, mass: Tensor, a_max: Tensor, upper: Tensor, lower: Tensor,
-                      selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
+                      selected: Tensor, unselected: Tensor, positive: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The counts of a certificate from its ``U_i`` (``upper``) and ``L_j`` (``lower``): unselected
     sources not certified outside, selected sources certified inside, with Lemma 3's slacks (``mass``
-    the selected weight, ``a_max`` the largest)."""
+    the selected weight, ``a_max`` the largest). Theorem 4 compares ``E_i`` and ``F_j`` in their
+    place and proves the measured ``D_j²`` positive with Theorem 3's ``L_j`` (``positive``)."""
     # L_j less σ_j (the measurement's rounding of D_j² and of the selected D_i², and the
     # certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
     # which proves the measured D_j² positive.
+    positive = lower if positive is None else positive
     own_error = g["slack_w"] * (alpha.square() + 2 * alpha * mass)
     exact_error = g["slack_64"] * (alpha + mass).square() + g["slack_abs"]
-    certified = lower - own_error - g["slack_w"] * mass.square() - exact_error > 0
+    certified = positive - own_error - g["slack_w"] * mass.square() - exact_error > 0
     selected_error = g["slack_w"] * (a_max.square() + 2 * a_max * mass)
     lower = torch.where(certified, lower - own_error - selected_error - exact_error, -torch.inf)
     u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
@@ -448,11 +450,13 @@ def _theorem_counts(g: dict[str, Tensor], alpha: Tensor, selected: Tensor, unsel
 
 def _row_statistics_counts(g: dict[str, Tensor], gram_rows: Tensor, order: Tensor, squares: Tensor, alpha: Tensor,
                            selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
-    """Theorem 3's counts: Lemma 2 with each row's own Gram statistics, the exact ``‖v_k‖²``
-    (``squares``), the range of ``Ĝ`` over the selected pairs and, for every key, its largest ``Ĝ``
-    with a selected source, the last two widened by ``gram_err`` (Lemma 5). ``gram_rows``
-    ``[b, h, q, N, key]`` holds ``Ĝ[order[r], :]``, the selected sources ``order`` in rank order
-    (pairs are read as ``Ĝ[later, earlier]``, as the compiled pass reads them)."""
+    """Theorems 3 and 4's counts, the better of each: Lemma 2 with each row's own Gram statistics,
+    the exact ``‖v_k‖²`` (``squares``), the range of ``Ĝ`` over the selected pairs and, for every
+    key, its largest ``Ĝ`` with a selected source (Theorem 3); the compared form ``e_k = D_k² − ‖s‖²``
+    with each selected source's smallest ``Ĝ`` with another (Theorem 4); every ``Ĝ`` widened by
+    ``gram_err`` (Lemmas 5, 6). ``gram_rows`` ``[b, h, q, N, key]`` holds ``Ĝ[order[r], :]``, the
+    selected sources ``order`` in rank order (pairs are read as ``Ĝ[later, earlier]``, as the
+    compiled pass reads them)."""
     n = order.shape[-1]
     err = g["gram_err"]
     weights = torch.where(selected, alpha, 0.0)
@@ -461,17 +465,28 @@ def _row_statistics_counts(g: dict[str, Tensor], gram_rows: Tensor, order: Tenso
     mass = weights.sum(-1, keepdim=True)
     sum_sq = weights.square().sum(-1, keepdim=True)
     pair_hi = pair_lo = torch.zeros_like(mass)  # one source: no pair, and W² − Q = 0
+    selected_sizes, selected_alpha = sizes.gather(-1, order), alpha.gather(-1, order)
+    gaps_upper = -selected_sizes  # E_i; one source: e_i = −‖s‖² exactly
     if n > 1:
         pairs = gram_rows.gather(-1, order[..., None, :].expand(*order.shape, n))
         earlier = torch.ones(n, n, dtype=torch.bool, device=order.device).tril(-1)
         pair_hi = pairs.masked_fill(~earlier, -torch.inf).amax((-2, -1))[..., None] + err
         pair_lo = pairs.masked_fill(~earlier, torch.inf).amin((-2, -1))[..., None] - err
+        below = pairs.masked_fill(~earlier, torch.inf)  # Ĝ[later, earlier]: a rank's pairs are its row and column
+        pair_min = torch.minimum(below.amin(-1), below.amin(-2))
+        # E_i = −α_i²q_i − 2α_i(W − α_i)·min_{k∈S∖i} G_ik ≥ e_i
+        gaps_upper = -selected_sizes - 2 * selected_alpha * (mass - selected_alpha) * (pair_min - err)
     # U_i: ‖Σ_{k∈S∖i} y_k‖² with its diagonal exact and its pairs at most pair_hi.
     upper = (total_size - sizes) + pair_hi * ((mass - alpha).square() - (sum_sq - alpha.square()))
-    # L_j: α_j²‖v_j‖² + ‖s‖² − 2α_j⟨v_j, s⟩ with ⟨v_j, s⟩ ≤ W·max_{k∈S} G_jk.
+    # F_j = α_j²‖v_j‖² − 2α_j⟨v_j, s⟩ ≤ e_j with ⟨v_j, s⟩ ≤ W·max_{k∈S} G_jk; L_j = F_j + ‖s‖²'s bound.
     s_sq_lo = (total_size + pair_lo * (mass.square() - sum_sq)).clamp_min(0)
-    lower = sizes + s_sq_lo - 2 * alpha * mass * (gram_rows.amax(-2) + err)
-    return _certified_counts(g, alpha, mass, weights.amax(-1, keepdim=True), upper, lower, selected, unselected)
+    gaps = sizes - 2 * alpha * mass * (gram_rows.amax(-2) + err)
+    lower = gaps + s_sq_lo
+    a_max = weights.amax(-1, keepdim=True)
+    rows = _certified_counts(g, alpha, mass, a_max, upper, lower, selected, unselected)
+    compared = _certified_counts(g, alpha, mass, a_max, torch.zeros_like(alpha).scatter(-1, order, gaps_upper), gaps,
+                                 selected, unselected, positive=lower)
+    return torch.minimum(rows[0], compared[0]), torch.maximum(rows[1], compared[1])
 
 
 def _form_counts(g: dict[str, Tensor], form: Form, alpha: Tensor, selected: Tensor, unselected: Tensor, top: Tensor,

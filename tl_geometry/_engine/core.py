@@ -41,9 +41,10 @@ class Scratch(NamedTuple):
     those within ρ_max; ``dist_bits`` is ``dist`` viewed as int64); ``cell`` (one float64 and its
     int64 view ``cell_bits``: a minimum's bits back to a float); ``agg`` (``d``: s_N in direct
     mode); ``u_val`` (the selected D_i, then U_i); ``top_idx``, ``top_score`` (the ranking's best);
-    ``omega`` (``α_k‖v_k‖``, Theorem 2's weights); ``reach`` (``max_{i∈S} Ĝ[i, k]``) and
-    ``pair_range`` (the largest and smallest ``Ĝ`` over the selected pairs): Theorem 3's running
-    statistics of the top-N sets."""
+    ``omega`` (``α_k‖v_k‖``, Theorem 2's weights); ``reach`` (``max_{i∈S} Ĝ[i, k]``),
+    ``pair_range`` (the largest and smallest ``Ĝ`` over the selected pairs) and ``pair_min``
+    (per selected rank, its smallest ``Ĝ`` with another selected source): Theorems 3 and 4's running
+    statistics of the top-N sets; ``gaps`` (keys) and ``e_val`` (ranks): Theorem 4's ``F_j``, ``E_i``."""
 
     alpha: np.ndarray
     excluded: np.ndarray
@@ -61,6 +62,9 @@ class Scratch(NamedTuple):
     omega: np.ndarray
     reach: np.ndarray
     pair_range: np.ndarray
+    pair_min: np.ndarray
+    gaps: np.ndarray
+    e_val: np.ndarray
 
 
 @njit(cache=True, nogil=True)
@@ -69,7 +73,8 @@ def scratch(n_k, d, m):
     dist, cell = np.zeros(n_k), np.zeros(1)
     return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), dist, np.zeros(n_k),
                    dist.view(np.int64), cell, cell.view(np.int64), np.zeros(d), np.zeros(m),
-                   np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k), np.zeros(n_k), np.zeros(2))
+                   np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k), np.zeros(n_k), np.zeros(2), np.zeros(m),
+                   np.zeros(n_k), np.zeros(m))
 
 
 class Step(NamedTuple):
@@ -339,11 +344,18 @@ def _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_erro
     compare with ``max U_i``. ``-max`` (counted outside, and no selected source certified
     inside) unless ``L_j`` exceeds its slack τ_j, which proves that the measured ``D_j²`` is
     positive (the measurement clamps negative ones)."""
+    return _certified_pair(lower, lower, a, mass, slack_w, slack_64, slack_abs, selected_error)
+
+
+@njit(**NO_RC)
+def _certified_pair(lower, value, a, mass, slack_w, slack_64, slack_abs, selected_error):
+    """``value`` (an ``L_j``, or Theorem 4's ``F_j``) less the slack σ_j of Lemma 3, or ``-max``
+    unless ``lower`` (a lower bound on the measured ``D_j²``) exceeds its slack τ_j."""
     own_error = slack_w * (a * a + 2 * a * mass)
     spread = a + mass
     exact_error = slack_64 * spread * spread + slack_abs
     positive = lower - own_error - slack_w * mass * mass - exact_error > 0.0
-    certified = lower - own_error - selected_error - exact_error
+    certified = value - own_error - selected_error - exact_error
     return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
 
 
@@ -456,32 +468,39 @@ def _bounds(s, t, n, outside):
 
 
 @njit(**NO_RC)
-def _grow_pairs(gram, b, kv, order, lo, hi, pair_range):
-    """Theorem 3's ``pair_range`` after adding the sources ``order[lo:hi]``: the largest and
-    smallest ``Ĝ[i, l]`` over a new source ``i`` and each source ``l`` ranked before it."""
+def _grow_pairs(gram, b, kv, order, lo, hi, pair_range, pair_min):
+    """Theorem 3's ``pair_range`` after adding the sources ``order[lo:hi]`` (the largest and
+    smallest ``Ĝ[i, l]`` over a new source ``i`` and each source ``l`` ranked before it) and
+    Theorem 4's ``pair_min`` (each rank's smallest ``Ĝ`` with another selected source)."""
     if lo == 0:
         pair_range[0], pair_range[1] = -math.inf, math.inf
+    for rank in range(lo, hi):
+        pair_min[rank] = math.inf
     for rank in range(max(lo, 1), hi):
         i = order[rank]
         for earlier in range(rank):
             x = float(gram[b, kv, i, order[earlier]])
             pair_range[0] = max(pair_range[0], x)
             pair_range[1] = min(pair_range[1], x)
+            pair_min[rank] = min(pair_min[rank], x)
+            pair_min[earlier] = min(pair_min[earlier], x)
 
 
 @njit(**INLINE)
 def certify_rows(cert, values, rule, at, s, order, j):
-    """Theorem 3's certificates of the top-N set ``order[:n]``, ``n = rule.ns[j]``: Lemma 2 with
-    the row's own statistics (exact ``‖v_k‖²``, ``s.pair_range`` and ``s.reach``, read from the
-    working-dtype Gram matrix and widened by ``gram_err``, Lemma 5), Theorem 1's slacks. Called
-    for ``j = 0, 1, …`` in turn after :func:`step` with ``reach`` (which grows ``s.reach``): it
-    grows ``s.pair_range`` from ``rule.ns[j - 1]``. Overwrites ``s.u_val`` and ``s.dist`` as
+    """Theorems 3 and 4's certificates of the top-N set ``order[:n]``, ``n = rule.ns[j]``, the
+    larger of each: Lemma 2 with the row's own statistics (exact ``‖v_k‖²``, ``s.pair_range`` and
+    ``s.reach``, read from the working-dtype Gram matrix and widened by ``gram_err``, Lemma 5), and
+    the compared form ``e_k = D_k² − ‖s‖²`` bounded by ``E_i`` (with ``s.pair_min``) and ``F_j``
+    (Theorem 4, Lemma 6); Theorem 1's slacks. Called for ``j = 0, 1, …`` in turn after
+    :func:`step` with ``reach`` (which grows ``s.reach``): it grows ``s.pair_range`` and
+    ``s.pair_min`` from ``rule.ns[j - 1]``. Overwrites ``s.u_val`` and ``s.dist`` as
     :func:`certify` does."""
     b, _, kv, t, _, _ = at
     g = cert[0]
     slack_w, slack_64, err, slack_abs = g[7, b, kv, t], g[8, b, kv, t], g[9, b, kv, t], g[10, b, kv, t]
     n = rule.ns[j]
-    _grow_pairs(values.gram, b, kv, order, rule.ns[j - 1] if j > 0 else 0, n, s.pair_range)
+    _grow_pairs(values.gram, b, kv, order, rule.ns[j - 1] if j > 0 else 0, n, s.pair_range, s.pair_min)
     total_size = mass = sum_sq = a_max = 0.0
     for rank in range(n):
         i = order[rank]
@@ -492,20 +511,33 @@ def certify_rows(cert, values, rule, at, s, order, j):
         a_max = max(a_max, a)
     pair_hi = s.pair_range[0] + err if n > 1 else 0.0
     pair_lo = s.pair_range[1] - err if n > 1 else 0.0
-    u_max = -math.inf
+    u_max = e_max = -math.inf
     for rank in range(n):
         i = order[rank]
         a = s.alpha[i]
-        s.u_val[rank] = (total_size - a * a * values.squares[b, kv, i]) + pair_hi * ((mass - a) * (mass - a)
-                                                                                   - (sum_sq - a * a))
+        size = a * a * values.squares[b, kv, i]
+        s.u_val[rank] = (total_size - size) + pair_hi * ((mass - a) * (mass - a) - (sum_sq - a * a))
         u_max = max(u_max, s.u_val[rank])
+        # E_i = −α_i²q_i − 2α_i(W − α_i)·min_{k∈S∖i} G_ik (one source: e_i = −‖s‖² exactly)
+        s.e_val[rank] = -size - 2 * a * (mass - a) * (s.pair_min[rank] - err) if n > 1 else -size
+        e_max = max(e_max, s.e_val[rank])
     s_sq_lo = max(total_size + pair_lo * (mass * mass - sum_sq), 0.0)
     selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
-    outside = 0
+    outside = outside_e = 0
     for k in range(t + 1):
         a = s.alpha[k]
-        lower = a * a * values.squares[b, kv, k] + s_sq_lo - 2 * a * mass * (s.reach[k] + err)
+        gap = a * a * values.squares[b, kv, k] - 2 * a * mass * (s.reach[k] + err)  # F_j ≤ e_j
+        lower = gap + s_sq_lo  # Theorem 3's L_j ≤ D_j²
         value = _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
-    return _bounds(s, t, n, outside)
+        value_e = _certified_pair(lower, gap, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
+        s.gaps[k] = value_e
+        outside_e += 1 if value_e <= e_max else 0
+    p_rows, r_rows = _bounds(s, t, n, outside)
+    for k in range(t + 1):  # Theorem 4 through the same count: its F_j and E_i in dist and u_val
+        s.dist[k] = s.gaps[k]
+    for rank in range(n):
+        s.u_val[rank] = s.e_val[rank]
+    p_gaps, r_gaps = _bounds(s, t, n, outside_e)
+    return max(p_rows, p_gaps), max(r_rows, r_gaps)
