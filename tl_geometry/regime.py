@@ -398,8 +398,8 @@ def certificate_tables(stats: ValueStatistics, values: Float[Tensor, "batch kv k
 
 
 # The certificates' forms (docs/theory.md), each valid, the largest reported: Theorem 1 on the
-# weights α and the values v, Theorem 2 on ω = α‖v‖ and the directions v/‖v‖, Theorem 3 on α and v
-# with the Gram statistics of each row's own selected set.
+# weights α and the values v, Theorem 2 on ω = α‖v‖ and the directions v/‖v‖, Theorems 3 and 4 on
+# α and v with the Gram statistics of each row's own selected set (one form: they share its reads).
 Form = Literal["values", "directions", "rows"]
 _THEOREMS: dict[str, Form] = {"theorem_1": "values", "theorem_2": "directions", "theorem_3": "rows"}
 # Query rows per chunk of Theorem 3's gathered Gram rows ([b, h, q, N, key] float64 entries).
@@ -520,11 +520,11 @@ def sink_aware_bounds(
     query_mask: Bool[Tensor, "batch query"] | None = None,
     window: int | None = None,
 ) -> SinkAwareBounds:
-    """Sink-aware lower bounds on Euclidean ``P_N`` and ``R_N`` (Theorems 1–3 of ``docs/theory.md``).
+    """Sink-aware lower bounds on Euclidean ``P_N`` and ``R_N`` (Theorems 1–4 of ``docs/theory.md``).
 
     With ``U_i ≥ D_i²`` for selected and ``L_j ≤ D_j²`` for unselected sources (from the regime
     parameters of the query's prefix, or the Gram statistics of the row's own top-N set, and its
-    attention weights; the largest of the three theorems' bounds is returned)::
+    attention weights; the largest of the four theorems' bounds is returned)::
 
         P_N ≥ N / (N + #{j∉S : L_j ≤ max_{i∈S} U_i})      R_N ≥ #{i∈S : U_i < min_{j∉S} L_j} / N
 

@@ -123,7 +123,7 @@ def build_report(
         ("Separability against N", plots.separability_curves(analysis), False),
     ]
     if "precision_bound" in geo.per_sequence:
-        figures.append(("Certified precision P̲_N per head (the largest of Theorems 1–3; trivial: N/(t+1))",
+        figures.append(("Certified precision P̲_N per head (the largest of Theorems 1–4; trivial: N/(t+1))",
                         plots.head_map(analysis, "precision_bound", n=2 if 2 in geo.n else None, delta_nll=scan),
                         True))
     if geo.has_sink:
