@@ -1,9 +1,11 @@
 """Where the sink-aware certificate says something (claim C11): Theorem 1 alone, the larger of
-Theorems 1 and 2, and the reported bound (the largest of Theorems 1–3), per N, on a bundled model and
-both offline corpora, as Markdown.
+Theorems 1 and 2, and the reported bound (the largest of Theorems 1–4), per N, on a bundled model and
+both offline corpora, as Markdown; or on Gaussian values (``--gaussian``: d = T = 64, every query,
+logits N(0, 1)·s).
 
     python demos/certificate_shares.py --model smollm2-135m --windows 8
     python demos/certificate_shares.py --model smollm2-135m --windows 8 --seq-len 1024 --corpora python-reference
+    python demos/certificate_shares.py --gaussian
 
 A cell is one (window, layer, head, N) at the last query t: the bound is *informative* where
 P̲ > N/(t+1) (the trivial floor: at most every unselected source counted) and where R̲ > 0. Every
@@ -49,7 +51,7 @@ def shares(model, tokens: torch.Tensor, layers: list[int] | None = None) -> dict
         cells = ~torch.isnan(new.precision)
         totals["cells"] += cells.flatten(0, -2).sum(0)
         for name, bound in bounds.items():
-            totals[f"p_{name}"] += (bound.precision.double() > floor).flatten(0, -2).sum(0)
+            totals[f"p_{name}"] += (bound.precision > floor.to(bound.precision.dtype)).flatten(0, -2).sum(0)
             totals[f"r_{name}"] += (bound.recall > 0).flatten(0, -2).sum(0)
         old = bounds["t12"]
         totals["below_old"] += ((new.precision < old.precision) | (new.recall < old.recall)).flatten(0, -2).sum(0)
@@ -61,6 +63,38 @@ def shares(model, tokens: torch.Tensor, layers: list[int] | None = None) -> dict
     return totals
 
 
+def gaussian_shares(scale: float, seeds: int = 16, size: int = 64, heads: int = 4) -> dict[int, tuple[int, int, int, int]]:
+    """Per N: (cells, P̲ informative, R̲ informative, above the measurement) over every query of
+    ``seeds`` draws of ``heads`` heads with standard Gaussian values (d = T = ``size``) and causal
+    attention ``softmax(N(0, 1)·scale)``."""
+    counts: dict[int, list[int]] = {n: [0, 0, 0, 0] for n in NS[1:4]}
+    ns = tuple(counts)
+    for seed in range(seeds):
+        g = torch.Generator().manual_seed(seed)
+        logits = torch.randn(1, heads, size, size, generator=g, dtype=torch.float64) * scale
+        pattern = logits.masked_fill(~torch.ones(size, size, dtype=torch.bool).tril(), -torch.inf).softmax(-1).float()
+        values = torch.randn(1, size, heads, size, generator=g)
+        bound = tlg.sink_aware_bounds(pattern, values, ns, queries="all")
+        measured = tlg.separability(pattern, values, ns, queries="all")
+        # the trivial floor N/(t+1), rounded as P̲ is (a float64 floor would call a float32 trivial bound informative)
+        floor = (torch.tensor(ns, dtype=torch.float64) / torch.arange(1, size + 1)[:, None]).to(bound.precision.dtype)
+        for i, n in enumerate(ns):
+            cells = ~torch.isnan(bound.precision[..., i])
+            above = (bound.precision[..., i] > measured.precision[..., i]) | (bound.recall[..., i] > measured.recall[..., i])
+            for k, hit in enumerate((cells, bound.precision[..., i] > floor[:, i], bound.recall[..., i] > 0, above)):
+                counts[n][k] += int((hit & cells).sum())
+    return {n: tuple(c) for n, c in counts.items()}
+
+
+def print_gaussian(seeds: int) -> None:
+    print(f"## Gaussian values: d = T = 64, every query, 4 heads × {seeds} draws\n")
+    print("| logit scale s | N | cells | P̲ informative | R̲ informative | above the measurement |")
+    print("|---|---|---|---|---|---|")
+    for scale in (0.5, 1.0):
+        for n, (cells, p, r, above) in gaussian_shares(scale, seeds).items():
+            print(f"| {scale} | {n} | {cells} | {100 * p / cells:.1f}% | {100 * r / cells:.1f}% | {above} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -68,8 +102,14 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--corpora", nargs="+", default=list(CORPORA),
                         help="offline corpora (lee-news has no article of 1023 tokens: python-reference alone at 1024)")
+    parser.add_argument("--gaussian", action="store_true", help="Gaussian values instead of a model's")
+    parser.add_argument("--seeds", type=int, default=16, help="draws with --gaussian")
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.gaussian:
+        print_gaussian(args.seeds)
+        print(f"\n({time.perf_counter() - start:.0f} s)")
+        return
     model = tlg.load_model(args.model)
     # every layer: a sliding-window layer's rows are measured over their visible sources (docs/metrics.md#sliding-windows)
     info = describe_model(model)
@@ -77,7 +117,7 @@ def main() -> None:
     print(f"## {args.model}: informative certificates, last query of {args.windows} windows × {args.seq_len} "
           f"tokens per corpus, {len(layers)} layers{'' if len(layers) == info.n_layers else f' {layers}'}\n")
     print("P̲ informative: P̲ > N/(its candidates: t + 1, or the layer's sliding window); R̲ informative: R̲ > 0. Theorem 1 alone → the larger of Theorems 1 and 2 → "
-          "the reported bound (the largest of Theorems 1–3).\n")
+          "the reported bound (the largest of Theorems 1–4).\n")
     print("| corpus | N | cells | P̲ informative | R̲ informative | reported below Theorems 1–2 | above the measurement |")
     print("|---|---|---|---|---|---|---|")
     for corpus in args.corpora:
