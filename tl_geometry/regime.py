@@ -479,14 +479,19 @@ def _row_statistics_counts(g: dict[str, Tensor], gram_rows: Tensor, order: Tenso
     # U_i: ‖Σ_{k∈S∖i} y_k‖² with its diagonal exact and its pairs at most pair_hi.
     upper = (total_size - sizes) + pair_hi * ((mass - alpha).square() - (sum_sq - alpha.square()))
     # F_j = α_j²‖v_j‖² − 2α_j⟨v_j, s⟩ ≤ e_j with ⟨v_j, s⟩ ≤ W·max_{k∈S} G_jk; L_j = F_j + ‖s‖²'s bound.
-    s_sq_lo = (total_size + pair_lo * (mass.square() - sum_sq)).clamp_min(0)
+    s_sq = total_size + pair_lo * (mass.square() - sum_sq)
+    s_sq_lo = s_sq.clamp_min(0)
     gaps = sizes - 2 * alpha * mass * (gram_rows.amax(-2) + err)
     lower = gaps + s_sq_lo
     a_max = weights.amax(-1, keepdim=True)
     rows = _certified_counts(g, alpha, mass, a_max, upper, lower, selected, unselected)
     compared = _certified_counts(g, alpha, mass, a_max, torch.zeros_like(alpha).scatter(-1, order, gaps_upper), gaps,
                                  selected, unselected, positive=lower)
-    return torch.minimum(rows[0], compared[0]), torch.maximum(rows[1], compared[1])
+    # Theorem 4 can only lose to Theorem 3 where ‖s‖²'s bound is clamped at 0: only there the larger
+    # of the two, as the compiled pass (which skips Theorem 3's counts elsewhere) reports
+    clamped = ~(s_sq[..., 0] > 0)
+    return (torch.where(clamped, torch.minimum(rows[0], compared[0]), compared[0]),
+            torch.where(clamped, torch.maximum(rows[1], compared[1]), compared[1]))
 
 
 def _form_counts(g: dict[str, Tensor], form: Form, alpha: Tensor, selected: Tensor, unselected: Tensor, top: Tensor,

@@ -44,7 +44,8 @@ class Scratch(NamedTuple):
     ``omega`` (``α_k‖v_k‖``, Theorem 2's weights); ``reach`` (``max_{i∈S} Ĝ[i, k]``),
     ``pair_range`` (the largest and smallest ``Ĝ`` over the selected pairs) and ``pair_min``
     (per selected rank, its smallest ``Ĝ`` with another selected source): Theorems 3 and 4's running
-    statistics of the top-N sets; ``gaps`` (keys) and ``e_val`` (ranks): Theorem 4's ``F_j``, ``E_i``."""
+    statistics of the top-N sets; ``gaps`` (keys; ``gaps_bits`` its int64 view) and ``e_val``
+    (ranks): Theorem 4's certified ``F_j`` and its ``E_i``."""
 
     alpha: np.ndarray
     excluded: np.ndarray
@@ -64,17 +65,18 @@ class Scratch(NamedTuple):
     pair_range: np.ndarray
     pair_min: np.ndarray
     gaps: np.ndarray
+    gaps_bits: np.ndarray
     e_val: np.ndarray
 
 
 @njit(cache=True, nogil=True)
 def scratch(n_k, d, m):
     """Fresh :class:`Scratch` for rows of ``n_k`` keys, ``d``-dimensional values and best-``m`` lists."""
-    dist, cell = np.zeros(n_k), np.zeros(1)
+    dist, cell, gaps = np.zeros(n_k), np.zeros(1), np.zeros(n_k)
     return Scratch(np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), np.zeros(n_k), dist, np.zeros(n_k),
                    dist.view(np.int64), cell, cell.view(np.int64), np.zeros(d), np.zeros(m),
                    np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(n_k), np.zeros(n_k), np.zeros(2), np.zeros(m),
-                   np.zeros(n_k), np.zeros(m))
+                   gaps, gaps.view(np.int64), np.zeros(m))
 
 
 class Step(NamedTuple):
@@ -132,15 +134,15 @@ def _count_at_most(x, n, bound):
 
 
 @njit(**NO_RC)
-def _minimum(s, lo, hi):
-    """``min(s.dist[lo:hi])`` (+inf when empty; ``dist`` holds no NaN: values and weights are
-    finite, or refused). A float minimum is a serial chain that LLVM does not vectorise; the
+def _minimum(s, bits_of, lo, hi):
+    """``min`` of the doubles whose int64 views are ``bits_of[lo:hi]`` (``s.dist_bits``, or
+    ``s.gaps_bits``) (+inf when empty; they hold no NaN: values and weights are finite, or refused). A float minimum is a serial chain that LLVM does not vectorise; the
     bit patterns of doubles, with the magnitude bits of negative ones flipped, order as the
     doubles do (−0 before +0, which no comparison tells apart), and their integer minimum is a
     vector loop."""
     best = _INT_TOP
     for k in range(lo, hi):
-        bits = s.dist_bits[k]
+        bits = bits_of[k]
         key = bits ^ ((bits >> 63) & _INT_TOP)
         best = key if key < best else best
     if best == _INT_TOP:
@@ -298,7 +300,7 @@ def step(values, rule, at, s, order, j, full, reach):
         rho_rest = rho_min = math.inf
         inside = n
     else:
-        rho_rest = _minimum(s, 1, t + 1)  # ρ_min over keys 1..t, then with key 0
+        rho_rest = _minimum(s, s.dist_bits, 1, t + 1)  # ρ_min over keys 1..t, then with key 0
         rho_min = min(s.dist[0], rho_rest)
         inside = 0
         for rank in range(n):
@@ -344,19 +346,24 @@ def _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_erro
     compare with ``max U_i``. ``-max`` (counted outside, and no selected source certified
     inside) unless ``L_j`` exceeds its slack τ_j, which proves that the measured ``D_j²`` is
     positive (the measurement clamps negative ones)."""
-    return _certified_pair(lower, lower, a, mass, slack_w, slack_64, slack_abs, selected_error)
-
-
-@njit(**NO_RC)
-def _certified_pair(lower, value, a, mass, slack_w, slack_64, slack_abs, selected_error):
-    """``value`` (an ``L_j``, or Theorem 4's ``F_j``) less the slack σ_j of Lemma 3, or ``-max``
-    unless ``lower`` (a lower bound on the measured ``D_j²``) exceeds its slack τ_j."""
     own_error = slack_w * (a * a + 2 * a * mass)
     spread = a + mass
     exact_error = slack_64 * spread * spread + slack_abs
     positive = lower - own_error - slack_w * mass * mass - exact_error > 0.0
-    certified = value - own_error - selected_error - exact_error
+    certified = lower - own_error - selected_error - exact_error
     return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
+
+
+@njit(**NO_RC)
+def _certified_gap(gap, s_sq_lo, a, mass, slack_w, slack_64, slack_abs, selected_error):
+    """Theorem 4's ``F_j`` (``gap``) less the slack σ_j of Lemma 3, or ``-max`` unless Theorem 3's
+    ``L_j = F_j + s_sq_lo`` exceeds its slack τ_j (Lemma 6): :func:`_certified_lower`'s terms."""
+    own_error = slack_w * (a * a + 2 * a * mass)
+    spread = a + mass
+    exact_error = slack_64 * spread * spread + slack_abs
+    positive = gap + s_sq_lo - own_error - slack_w * mass * mass - exact_error > 0.0
+    certified = gap - own_error - selected_error - exact_error
+    return certified if positive else _LOWEST
 
 
 @njit(**NO_RC)
@@ -451,19 +458,20 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     else:
         s.dist[0] = math.inf
     outside += 1 if s.dist[0] <= u_max else 0
-    return _bounds(s, t, n, outside)
+    return _bounds(s, s.u_val, s.dist_bits, t, n, outside)
 
 
 @njit(**NO_RC)
-def _bounds(s, t, n, outside):
-    """P̲ and R̲ from the unselected sources counted (``outside``), the selected ``U_i`` in
-    ``s.u_val[:n]`` and the certified ``L_j`` in ``s.dist[:t + 1]`` (+inf off the unselected)."""
+def _bounds(s, upper, lower_bits, t, n, outside):
+    """P̲ and R̲ from the unselected sources counted (``outside``), the selected ``U_i`` (or ``E_i``)
+    in ``upper[:n]`` and the certified ``L_j`` (or ``F_j``) whose int64 views are
+    ``lower_bits[:t + 1]`` (+inf off the unselected)."""
     inside = n  # no L_j ≤ max U_i: every selected source is certified inside
     if outside > 0:
-        l_min = _minimum(s, 0, t + 1)
+        l_min = _minimum(s, lower_bits, 0, t + 1)
         inside = 0
         for rank in range(n):
-            inside += 1 if s.u_val[rank] < l_min else 0
+            inside += 1 if upper[rank] < l_min else 0
     return n / (n + outside), inside / n
 
 
@@ -492,10 +500,11 @@ def certify_rows(cert, values, rule, at, s, order, j):
     larger of each: Lemma 2 with the row's own statistics (exact ``‖v_k‖²``, ``s.pair_range`` and
     ``s.reach``, read from the working-dtype Gram matrix and widened by ``gram_err``, Lemma 5), and
     the compared form ``e_k = D_k² − ‖s‖²`` bounded by ``E_i`` (with ``s.pair_min``) and ``F_j``
-    (Theorem 4, Lemma 6); Theorem 1's slacks. Called for ``j = 0, 1, …`` in turn after
-    :func:`step` with ``reach`` (which grows ``s.reach``): it grows ``s.pair_range`` and
-    ``s.pair_min`` from ``rule.ns[j - 1]``. Overwrites ``s.u_val`` and ``s.dist`` as
-    :func:`certify` does."""
+    (Theorem 4, Lemma 6); Theorem 1's slacks. Theorem 4 can only lose to Theorem 3 where the lower
+    bound on ``‖s‖²`` is clamped at 0 (docs/theory.md), so only such rows pay for Theorem 3's
+    counts. Called for ``j = 0, 1, …`` in turn after :func:`step` with ``reach`` (which grows
+    ``s.reach``): it grows ``s.pair_range`` and ``s.pair_min`` from ``rule.ns[j - 1]``. Overwrites
+    ``s.u_val``, ``s.e_val``, ``s.dist`` and ``s.gaps``."""
     b, _, kv, t, _, _ = at
     g = cert[0]
     slack_w, slack_64, err, slack_abs = g[7, b, kv, t], g[8, b, kv, t], g[9, b, kv, t], g[10, b, kv, t]
@@ -511,33 +520,37 @@ def certify_rows(cert, values, rule, at, s, order, j):
         a_max = max(a_max, a)
     pair_hi = s.pair_range[0] + err if n > 1 else 0.0
     pair_lo = s.pair_range[1] - err if n > 1 else 0.0
+    s_sq = total_size + pair_lo * (mass * mass - sum_sq)
+    clamped = not s_sq > 0.0
+    s_sq_lo = max(s_sq, 0.0)
     u_max = e_max = -math.inf
     for rank in range(n):
         i = order[rank]
         a = s.alpha[i]
         size = a * a * values.squares[b, kv, i]
-        s.u_val[rank] = (total_size - size) + pair_hi * ((mass - a) * (mass - a) - (sum_sq - a * a))
-        u_max = max(u_max, s.u_val[rank])
         # E_i = −α_i²q_i − 2α_i(W − α_i)·min_{k∈S∖i} G_ik (one source: e_i = −‖s‖² exactly)
         s.e_val[rank] = -size - 2 * a * (mass - a) * (s.pair_min[rank] - err) if n > 1 else -size
         e_max = max(e_max, s.e_val[rank])
-    s_sq_lo = max(total_size + pair_lo * (mass * mass - sum_sq), 0.0)
+        if clamped:
+            s.u_val[rank] = (total_size - size) + pair_hi * ((mass - a) * (mass - a) - (sum_sq - a * a))
+            u_max = max(u_max, s.u_val[rank])
     selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
-    outside = outside_e = 0
+    outside = 0
     for k in range(t + 1):
         a = s.alpha[k]
         gap = a * a * values.squares[b, kv, k] - 2 * a * mass * (s.reach[k] + err)  # F_j ≤ e_j
-        lower = gap + s_sq_lo  # Theorem 3's L_j ≤ D_j²
+        value = _certified_gap(gap, s_sq_lo, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
+        s.gaps[k] = value
+        outside += 1 if value <= e_max else 0
+    p_gaps, r_gaps = _bounds(s, s.e_val, s.gaps_bits, t, n, outside)
+    if not clamped:
+        return p_gaps, r_gaps
+    outside = 0
+    for k in range(t + 1):
+        a = s.alpha[k]
+        lower = a * a * values.squares[b, kv, k] - 2 * a * mass * (s.reach[k] + err) + s_sq_lo  # L_j ≤ D_j²
         value = _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
         s.dist[k] = value
         outside += 1 if value <= u_max else 0
-        value_e = _certified_pair(lower, gap, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
-        s.gaps[k] = value_e
-        outside_e += 1 if value_e <= e_max else 0
-    p_rows, r_rows = _bounds(s, t, n, outside)
-    for k in range(t + 1):  # Theorem 4 through the same count: its F_j and E_i in dist and u_val
-        s.dist[k] = s.gaps[k]
-    for rank in range(n):
-        s.u_val[rank] = s.e_val[rank]
-    p_gaps, r_gaps = _bounds(s, t, n, outside_e)
+    p_rows, r_rows = _bounds(s, s.u_val, s.dist_bits, t, n, outside)
     return max(p_rows, p_gaps), max(r_rows, r_gaps)
