@@ -480,18 +480,21 @@ def _grow_pairs(gram, b, kv, order, lo, hi, pair_range, pair_min):
     """Theorem 3's ``pair_range`` after adding the sources ``order[lo:hi]`` (the largest and
     smallest ``Ĝ[i, l]`` over a new source ``i`` and each source ``l`` ranked before it) and
     Theorem 4's ``pair_min`` (each rank's smallest ``Ĝ`` with another selected source)."""
+    largest, smallest = (-math.inf, math.inf) if lo == 0 else (pair_range[0], pair_range[1])
     if lo == 0:
-        pair_range[0], pair_range[1] = -math.inf, math.inf
-    for rank in range(lo, hi):
-        pair_min[rank] = math.inf
+        pair_min[0] = math.inf
     for rank in range(max(lo, 1), hi):
         i = order[rank]
+        own = math.inf
+        # locals, not the arrays: stores to pair_min could alias them and keep the loop scalar
         for earlier in range(rank):
             x = float(gram[b, kv, i, order[earlier]])
-            pair_range[0] = max(pair_range[0], x)
-            pair_range[1] = min(pair_range[1], x)
-            pair_min[rank] = min(pair_min[rank], x)
+            largest = max(largest, x)
+            smallest = min(smallest, x)
+            own = min(own, x)
             pair_min[earlier] = min(pair_min[earlier], x)
+        pair_min[rank] = own
+    pair_range[0], pair_range[1] = largest, smallest
 
 
 @njit(**INLINE)
