@@ -271,8 +271,10 @@ def test_contribution_ranking_certifies_the_measured_set():
     assert b.precision.item() <= precision and b.recall.item() <= recall
 
 
-def test_non_finite_values_at_pad_keys_are_ignored_by_every_consumer():
-    # cause C: a NaN value at a left-pad key reached μ, c₀ and the sums as 0·NaN
+@pytest.mark.parametrize("bad", [float("nan"), 1e200])
+def test_non_finite_values_at_pad_keys_are_ignored_by_every_consumer(bad):
+    # cause C: a NaN value at a left-pad key reached μ, c₀ and the sums as 0·NaN; a value too large
+    # for the working dtype (refused at a real key) is set to 0 at a pad as well
     g = torch.Generator().manual_seed(3)
     v = torch.randn(1, 6, 1, 4, generator=g, dtype=torch.float64)
     logits = torch.randn(1, 1, 6, 6, generator=g, dtype=torch.float64)
@@ -281,7 +283,7 @@ def test_non_finite_values_at_pad_keys_are_ignored_by_every_consumer():
     p = logits.masked_fill(~mask, -torch.inf).softmax(-1).nan_to_num(0.0)
     clean = v.clone()
     clean[0, 0] = 0.0
-    v[0, 0] = float("nan")
+    v[0, 0] = bad
     kw = dict(queries="last", key_mask=km, query_mask=km)
     b = sink_aware_bounds(p, v, 3, **kw)
     assert torch.equal(b.recall, sink_aware_bounds(p, clean, 3, **kw).recall)
