@@ -344,3 +344,33 @@ def test_windows_without_bos_are_recorded_and_told(tmp_path):
                                          r"tokens\)"):
         unknown = tlg.analyze(cache, n=(1, 2), progress=False, bootstrap=10)
     assert unknown.geometry.windows_without_bos is None and "BOS unknown" in repr(unknown)
+
+
+def test_extra_columns_join_by_head_and_regime_means_equal_a_groupby():
+    res = tlg.analyze(tiny_model(4, 2), random_tokens(3, 10, seed=5), (1, 2), repeats=1, bootstrap=5, progress=False)
+    layers, heads = res.taxonomy.shape
+    patch = torch.arange(layers * heads, dtype=torch.float32).reshape(layers, heads) * 0.5 - 1
+    patch[0, 1] = float("nan")
+    chosen = ["L2H1", (0, 3), 4, "L1H0"]  # a subset, in an order of its own
+    table = res.heads_table(heads=chosen, extra={"patch": patch, "flat": patch.flatten().numpy()})
+    expected = [float(patch[layer, head]) for layer, head in zip(table["layer"], table["head"], strict=True)]
+    assert table["name"].tolist() == ["L2H1", "L0H3", "L1H0", "L1H0"]
+    assert torch.equal(torch.tensor(table["patch"].to_numpy()), torch.tensor(expected, dtype=torch.float64))
+    assert table["flat"].equals(table["patch"])
+    full = res.heads_table(extra={"patch": patch})
+    grouped = full.groupby("regime")["patch"].agg(["count", "mean", "sum"])
+    means = res.regime_means(patch)
+    for regime in means.index:
+        if regime in grouped.index:
+            assert means.loc[regime].tolist() == pytest.approx(grouped.loc[regime].tolist(), nan_ok=True)
+        else:  # no head of this regime: nothing counted
+            assert means.loc[regime, "count"] == 0 and means.loc[regime, "sum"] == 0
+    assert means["count"].sum() == layers * heads - 1  # the NaN head is skipped
+    for bad, message in ((torch.zeros(heads, layers), r"\[n_layers, n_heads\] = \[3, 4\]"),
+                         (torch.zeros(layers * heads + 1), "got shape"), (torch.ones(layers, heads).bool(), "booleans")):
+        with pytest.raises(TLGeometryError, match=message):
+            res.heads_table(extra={"x": bad})
+        with pytest.raises(TLGeometryError, match=message):
+            res.regime_means(bad)
+    with pytest.raises(TLGeometryError, match="one of the table's own"):
+        res.heads_table(extra={"regime": patch})

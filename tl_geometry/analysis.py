@@ -91,14 +91,18 @@ class Analysis:
             line += f"; TransformerLens scores: {scores} ({'no familiar type' if kind == 'other' else kind.replace('_', '-') + ' head'})"
         return line
 
-    def heads_table(self, heads: Any = None):
+    def heads_table(self, heads: Any = None, extra: dict[str, Any] | None = None):
         """One row per head: layer, head, name, regime, vote shares (where sliding windows hid the sink
         from some voting rows, ``share_sinkless``: their share of the votes), dominant offset (with head types
         attached: the previous-token / duplicate-token / induction scores and the type), then F_N
-        top-N / random / gap per N and, when measured, the sink statistics. A DataFrame; ``heads``
+        top-N / random / gap per N and, when measured, the sink statistics. A DataFrame whose rows
+        are layer-major (L0H0, L0H1, …, the order of TransformerLens's flat head index); ``heads``
         keeps those heads only, in their order (pairs, ``"L3H4"`` names, flat indices, a boolean
-        ``[n_layers, n_heads]`` mask: ``io.parse_heads``). ``frame.attrs`` says whether the windows
-        start with BOS (``bos``, ``windows_without_bos``) and which layers slide (``sliding_windows``)."""
+        ``[n_layers, n_heads]`` mask: ``io.parse_heads``). ``extra`` joins columns of your own by
+        head, whatever ``heads`` selects: ``{"patch": tensor}`` with a ``[n_layers, n_heads]``
+        tensor (or its flat ``[n_layers·n_heads]`` form), e.g. an activation-patching result.
+        ``frame.attrs`` says whether the windows start with BOS (``bos``, ``windows_without_bos``) and
+        which layers slide (``sliding_windows``)."""
         import pandas as pd
 
         geo, tax = self.geometry, self.taxonomy
@@ -126,6 +130,10 @@ class Analysis:
             values = geo.mean(metric).reshape(layers * heads_per_layer, -1)
             for index, n in enumerate(geo.n):
                 table[f"{metric}@{n}"] = values[:, index].double().numpy()
+        for name, values in (extra or {}).items():
+            if name in table:
+                raise TLGeometryError(f"extra column {name!r} is one of the table's own: name it otherwise.")
+            table[name] = self._per_head(values, f"extra[{name!r}]").reshape(-1).numpy()
         frame = pd.DataFrame(table)
         frame.attrs.update(bos=geo.bos_line(), windows_without_bos=geo.windows_without_bos,
                            sliding_windows=dict(geo.settings.get("sliding_windows") or {}))
@@ -133,11 +141,35 @@ class Analysis:
             return frame
         return frame.iloc[[a * heads_per_layer + b for a, b in parse_heads(heads, layers, heads_per_layer)]]
 
-    def regime_means(self, metric: str):
-        """Mean of a per-head geometry metric within each regime (e.g. ``"align_sink"`` for C7).
-        A DataFrame indexed by regime, with one column per N where the metric has an N axis."""
+    def _per_head(self, values: Any, what: str) -> Tensor:
+        """A per-head quantity of the caller's as a float64 ``[n_layers, n_heads]`` tensor (from that
+        shape or the flat, layer-major ``[n_layers·n_heads]``), or one line saying what fits."""
+        layers, heads = self.taxonomy.shape
+        tensor = torch.as_tensor(values).detach().cpu()
+        if tensor.is_complex() or tensor.dtype == torch.bool or tensor.numel() != layers * heads or (
+                tensor.ndim == 2 and tuple(tensor.shape) != (layers, heads)) or tensor.ndim not in (1, 2):
+            raise TLGeometryError(f"{what} must be one number per head, [n_layers, n_heads] = [{layers}, {heads}] "
+                                  f"(or flat [{layers * heads}], layer-major); got shape {list(tensor.shape)}"
+                                  f"{'' if tensor.dtype != torch.bool else ' of booleans'}.")
+        return tensor.double().reshape(layers, heads)
+
+    def regime_means(self, metric: str | Any):
+        """A per-head quantity aggregated within each regime. ``metric`` a geometry metric's name
+        (e.g. ``"align_sink"`` for C7): its mean, a DataFrame indexed by regime with one column per
+        N where the metric has an N axis. Or a tensor of your own, ``[n_layers, n_heads]`` (or flat,
+        layer-major), e.g. an activation-patching result: columns ``count``, ``mean`` and ``sum``
+        (NaN entries skipped)."""
         import pandas as pd
 
+        if not isinstance(metric, str):
+            values = self._per_head(metric, "regime_means' tensor")
+            ids = self.taxonomy.label_ids
+            rows = {}
+            for i, regime in enumerate(REGIMES):
+                chosen = values[(ids == i) & ~values.isnan()]
+                rows[regime] = [int(chosen.numel()), float(chosen.mean()) if chosen.numel() else float("nan"),
+                                float(chosen.sum())]
+            return pd.DataFrame.from_dict(rows, orient="index", columns=["count", "mean", "sum"])
         values = self.geometry.mean(metric)
         ids = self.taxonomy.label_ids
         rows = {}
