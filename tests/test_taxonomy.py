@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,3 +122,20 @@ def test_print_of_a_result_fits_on_a_line_or_three():
     assert "HeadTaxonomy(3 layers × 4 heads" in text and "retriever" in text and "GeometryResult(3 windows" in text
     comparison = tlg.compare(res, res)
     assert repr(comparison).startswith("Comparison(") and "agreement 100.0%" in repr(comparison)
+
+
+def test_each_label_says_its_votes_interval_and_whether_it_could_flip():
+    # the L23H3: mixer on 8 votes against 6 (15 tokens); a clear head; a tie; no votes
+    votes = torch.tensor([[[6, 8, 0], [40, 0, 0], [5, 5, 0], [0, 0, 0]]])
+    tax = HeadTaxonomy(votes)
+    assert tax.n_votes.tolist() == [[14, 40, 10, 0]]
+    low, high = tax.share_interval
+    z = 1.959963984540054
+    for head, (wins, n) in enumerate([(8, 14), (40, 40), (5, 10)]):
+        # the Wilson interval is where (p̂ − p)² = z² p (1 − p) / n: the roots of a quadratic in p
+        p_hat = wins / n
+        roots = sorted(np.roots([1 + z * z / n, -(2 * p_hat + z * z / n), p_hat * p_hat]).real)
+        assert (float(low[0, head]), float(high[0, head])) == pytest.approx(roots, abs=1e-12)
+    assert torch.isnan(low[0, 3]) and torch.isnan(high[0, 3])
+    assert tax.label_uncertain.tolist() == [[True, False, True, True]]
+    assert "0–40 votes per head, 3 labels within the 95% interval of the runner-up" in repr(tax)

@@ -95,7 +95,9 @@ class Analysis:
         """One row per head: layer, head, name, regime, vote shares (where sliding windows hid the sink
         from some voting rows, ``share_sinkless``: their share of the votes), dominant offset (with head types
         attached: the previous-token / duplicate-token / induction scores and the type), then F_N
-        top-N / random / gap per N and, when measured, the sink statistics. A DataFrame whose rows
+        top-N / random / gap per N and, when measured, the sink statistics; ``n_votes``,
+        ``share_low``/``share_high`` (the Wilson 95% interval of the winning share) and
+        ``label_uncertain`` (the runner-up's interval reaches it) say what each label rests on. A DataFrame whose rows
         are layer-major (L0H0, L0H1, …, the order of TransformerLens's flat head index); ``heads``
         keeps those heads only, in their order (pairs, ``"L3H4"`` names, flat indices, a boolean
         ``[n_layers, n_heads]`` mask: ``io.parse_heads``). ``extra`` joins columns of your own by
@@ -113,6 +115,12 @@ class Analysis:
         table["regime"] = tax.labels.reshape(-1)
         for i, vote in enumerate(VOTES):
             table[f"share_{vote}"] = tax.shares[..., i].reshape(-1).double().numpy()
+        # the label's evidence: its votes, the Wilson 95% interval of the winning share, and whether
+        # the runner-up's interval reaches it (the label could flip with other windows)
+        table["n_votes"] = tax.n_votes.reshape(-1).numpy()
+        low, high = tax.share_interval
+        table["share_low"], table["share_high"] = low.reshape(-1).numpy(), high.reshape(-1).numpy()
+        table["label_uncertain"] = tax.label_uncertain.reshape(-1).numpy()
         if tax.sinkless is not None and bool(tax.sinkless.any()):  # sliding windows: votes without the sink in view
             table["share_sinkless"] = tax.sinkless_share.reshape(-1).numpy()
         table["dominant_offset"] = tax.dominant_offset.reshape(-1).numpy()

@@ -102,7 +102,8 @@ class GeometryResult:
         settings = ", ".join(f"{key}={self.settings[key]!r}" for key in ("model", "queries", "distance", "ranking")
                              if key in self.settings)
         bos = self.bos_line()
-        return (f"GeometryResult({self.window_ids.numel()} windows, {self.n_layers} layers × {self.n_heads} heads, "
+        windows = self.window_ids.numel()
+        return (f"GeometryResult({windows} window{'s' if windows != 1 else ''}, {self.n_layers} layers × {self.n_heads} heads, "
                 f"N={list(self.n)}, {len(self.per_sequence)} metrics{', ' + settings if settings else ''}"
                 f"{', ' + bos if bos else ''})")
 

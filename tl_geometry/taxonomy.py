@@ -95,6 +95,15 @@ def offset_counts(winners: Int[Tensor, "batch head q"], qpos: Int[Tensor, "batch
     return counts.scatter_add_(-1, offsets, other.long())
 
 
+def _wilson(successes: Tensor, total: Tensor, z: float = 1.959963984540054) -> tuple[Tensor, Tensor]:
+    """Wilson score interval of ``successes / total`` (95% by default); NaN where ``total`` is 0."""
+    n = total.double().where(total > 0, torch.nan)
+    share = successes.double() / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * torch.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
 @dataclass
 class HeadTaxonomy:
     """Regime of every head of a model, from votes summed over sequences and queries.
@@ -117,7 +126,11 @@ class HeadTaxonomy:
         ids = self.label_ids
         shares = ", ".join(f"{regime} {float((ids == i).double().mean()):.1%}" for i, regime in enumerate(REGIMES))
         model = self.settings.get("model")
-        return f"HeadTaxonomy({layers} layers × {heads} heads{f' of {model}' if model else ''}: {shares})"
+        counts = self.n_votes
+        votes = f"{int(counts.min())}–{int(counts.max())}" if int(counts.min()) != int(counts.max()) else f"{int(counts.min())}"
+        uncertain = int(self.label_uncertain.sum())
+        return (f"HeadTaxonomy({layers} layers × {heads} heads{f' of {model}' if model else ''}: {shares}; "
+                f"{votes} votes per head, {uncertain} label{'s' if uncertain != 1 else ''} within the 95% interval of the runner-up)")
 
     @classmethod
     def from_votes(cls, votes: Tensor, offsets: Tensor | None = None, settings: dict | None = None) -> HeadTaxonomy:
@@ -141,6 +154,26 @@ class HeadTaxonomy:
         """Vote shares (current, sink, other); NaN for a head without votes."""
         total = self.votes.sum(-1, keepdim=True)
         return self.votes / total.where(total > 0, torch.nan)
+
+    @property
+    def n_votes(self) -> Int[Tensor, "layer head"]:
+        """Votes behind each head's label: its voting rows over every window."""
+        return self.votes.sum(-1)
+
+    @property
+    def share_interval(self) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
+        """Wilson 95% interval ``(low, high)`` of each head's winning vote share (the regime's); NaN
+        without votes. docs/metrics.md#taxonomy."""
+        return _wilson(self.votes.amax(-1), self.n_votes)
+
+    @property
+    def label_uncertain(self) -> Bool[Tensor, "layer head"]:
+        """Whether the label could flip within the votes' sampling error: the winner's Wilson 95%
+        interval reaches down to the runner-up's (ties and heads without votes included)."""
+        ordered = self.votes.sort(-1, descending=True).values
+        low, _ = _wilson(ordered[..., 0], self.n_votes)
+        _, high = _wilson(ordered[..., 1], self.n_votes)
+        return ~(low > high)
 
     @property
     def sinkless_share(self) -> Float[Tensor, "layer head"]:
