@@ -374,3 +374,14 @@ def test_extra_columns_join_by_head_and_regime_means_equal_a_groupby():
             res.regime_means(bad)
     with pytest.raises(TLGeometryError, match="one of the table's own"):
         res.heads_table(extra={"regime": patch})
+
+
+def test_dominant_offset_is_missing_where_a_head_has_no_other_vote():
+    from tl_geometry.taxonomy import HeadTaxonomy
+
+    res = tlg.analyze(tiny_model(4, 2), random_tokens(2, 8, seed=1), (1, 2), repeats=1, bootstrap=5, progress=False)
+    offsets = torch.zeros_like(res.taxonomy.offsets)
+    offsets[0, 0, 2] = 3  # one head with `other` votes two tokens back; none elsewhere
+    tax = HeadTaxonomy(res.taxonomy.votes, offsets, res.taxonomy.settings, res.taxonomy.sinkless)
+    column = tlg.Analysis(res.geometry, tax).heads_table()["dominant_offset"]
+    assert str(column.dtype) == "Int64" and column.iloc[0] == 2 and column.iloc[1:].isna().all()

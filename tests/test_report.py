@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 
+import pandas as pd
 import plotly.graph_objects as go
 import pytest
 import torch
@@ -103,3 +104,16 @@ def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
         assert float(found[1]) <= p + 0.005 and float(found[2]) <= r + 0.005
     same = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", "L3H1", n=2)
     assert same.layout.title.text == fig.layout.title.text  # the head by its name
+
+
+def test_head_rows_hold_json_nulls_and_booleans(analysis):
+    import json
+
+    res, _ = analysis
+    page = build_report(res)
+    rows = json.loads(re.search(r"var TLG_HEADS = (\{.*?\});\n", page).group(1).replace("\\u003c", "<")
+                      .replace("\\u003e", ">").replace("\\u0026", "&"))
+    table = res.heads_table()
+    for name, flag, offset in zip(table["name"], table["label_uncertain"], table["dominant_offset"], strict=True):
+        assert rows[name]["label_uncertain"] is bool(flag)  # a boolean, not the string "True"
+        assert rows[name]["dominant_offset"] == (None if offset is pd.NA else int(offset))  # null, not "<NA>"

@@ -123,7 +123,8 @@ class Analysis:
         table["label_uncertain"] = tax.label_uncertain.reshape(-1).numpy()
         if tax.sinkless is not None and bool(tax.sinkless.any()):  # sliding windows: votes without the sink in view
             table["share_sinkless"] = tax.sinkless_share.reshape(-1).numpy()
-        table["dominant_offset"] = tax.dominant_offset.reshape(-1).numpy()
+        offset = tax.dominant_offset.reshape(-1).numpy()
+        table["dominant_offset"] = pd.Series(offset, dtype="Int64").where(offset >= 0).array  # NA: no `other` vote
         if self.head_types is not None:
             for kind in HEAD_TYPES:
                 table[kind] = getattr(self.head_types, kind).reshape(-1).double().numpy()

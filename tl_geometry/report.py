@@ -20,6 +20,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import plotly.io
 import torch
@@ -73,7 +75,10 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
+    """A table cell as JSON reads it: NaN, inf and missing values (``pd.NA``) as null, numpy
+    scalars as Python's (a flag stays a boolean)."""
+    value = value.item() if isinstance(value, np.generic) else value
+    if value is pd.NA or (isinstance(value, float) and not math.isfinite(value)):
         return None
     return value
 
