@@ -57,6 +57,7 @@ CASES = {
     "seq-len 1": (["analyze", "--out", "{dir}/run", "--seq-len", "1", "--n", "1"], None, "--seq-len must be ≥ 2"),
     "windows 0": (["analyze", "--out", "{dir}/run", "--windows", "0"], None, "--windows must be ≥ 1"),
     "batch-size 0": (["analyze", "--out", "{dir}/run", "--batch-size", "0"], None, "--batch-size must be ≥ 1"),
+    "threads 0": (["analyze", "--out", "{dir}/run", "--threads", "0"], None, "--threads must be at least 1"),
     "repeats -1": (["analyze", "--out", "{dir}/run", "--repeats", "-1"], None, "repeats must be 'auto' or an int ≥ 0"),
     "jsonl array line": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/c.jsonl"],
                          _corpus("c.jsonl", b'{"text": "fine"}\n[1, 2]\n'), "c.jsonl:2: each line must be a JSON object"),
@@ -515,3 +516,15 @@ def test_lengths_past_the_context_are_refused_before_any_work(finished_run, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "9000 tokens per sequence exceed" in err and "context of 8192" in err, err
     assert snapshot(finished_run.path) == before
+
+
+def test_threads_hold_for_the_command_and_are_restored(monkeypatch, tmp_path):
+    import torch
+
+    import tl_geometry.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_stream", lambda args: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    assert main(["stream", str(tmp_path), "--threads", "1"]) == 0
+    assert seen == [1] and torch.get_num_threads() == before

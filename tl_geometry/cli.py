@@ -454,6 +454,31 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-devices", type=int, default=None, help="hub models: number of GPUs to split layers over")
 
 
+def _threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for this command (default: torch's; 1 can be far faster on a "
+                             "small machine others share: docs/performance.md)")
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """The command's torch thread count, restored after it (``main`` also runs inside notebooks
+    and tests, whose threads are theirs)."""
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise TLGeometryError(f"--threads must be at least 1; got {threads}.")
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0],
                                      formatter_class=_HelpFormatter)
@@ -490,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--overwrite", action="store_true",
                          help="replace a finished analysis in --out, with the pruning/scan results derived from it")
     analyze.add_argument("--quiet", action="store_true", help="print only the report path")
+    _threads_flag(analyze)
     analyze.set_defaults(handler=_analyze, interrupted="rerun the same command with --resume to continue")
     prune = sub.add_parser("prune", help="pruning curves, single-head scan and top-N deletion for a finished run",
                            formatter_class=fmt)
@@ -500,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--scan-seq-len", type=int, default=128, help="tokens per window of the single-head scan")
     prune.add_argument("--model", default=None, help="model name when the run's settings do not say")
     prune.add_argument("--quiet", action="store_true", help="print only the report path")
+    _threads_flag(prune)
     prune.set_defaults(handler=_prune,
                        interrupted="rerun the same command: the single-head scan continues from its checkpoint")
     stream = sub.add_parser("stream", help="which kv heads can keep only the sink and a recent window: streaming "
@@ -521,6 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--seeds", type=int, default=3, help="random orders")
     stream.add_argument("--model", default=None, help="model name when the run's settings do not say")
     stream.add_argument("--quiet", action="store_true", help="print only the report path")
+    _threads_flag(stream)
     stream.set_defaults(handler=_stream, interrupted="rerun the same command: it continues from its checkpoint")
     report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results",
                             formatter_class=fmt)
@@ -540,7 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.handler(args)
+        with _torch_threads(getattr(args, "threads", None)):
+            args.handler(args)
     except TLGeometryError as exc:
         print(f"tl-geometry: error: {exc}", file=sys.stderr)
         return 2
