@@ -135,9 +135,9 @@ def _count_at_most(x, n, bound):
 
 @njit(**NO_RC)
 def _minimum(s, bits_of, lo, hi):
-    """``min`` of the doubles whose int64 views are ``bits_of[lo:hi]`` (``s.dist_bits``, or
-    ``s.gaps_bits``) (+inf when empty; they hold no NaN: values and weights are finite, or refused). A float minimum is a serial chain that LLVM does not vectorise; the
-    bit patterns of doubles, with the magnitude bits of negative ones flipped, order as the
+    """``min`` of the doubles whose int64 views are ``bits_of[lo:hi]`` (``s.dist_bits`` or
+    ``s.gaps_bits``; +inf when empty; they hold no NaN: values and weights are finite, or
+    refused). A float minimum is a serial chain that LLVM does not vectorise; the bit patterns of doubles, with the magnitude bits of negative ones flipped, order as the
     doubles do (−0 before +0, which no comparison tells apart), and their integer minimum is a
     vector loop."""
     best = _INT_TOP
