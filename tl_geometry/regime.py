@@ -331,7 +331,7 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     sink_hi = torch.where(mask, products, -torch.inf).cummax(-1).values
     sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values
     sink_sq = squares[..., :1].expand_as(squares)
-    scale = _largest_squares(squares, mask)
+    scale = torch.maximum(diag_hi, sink_sq)  # M: _largest_squares, from the range just taken
     m = 2 * (n_keys + d_head) + 16
     eta = _underflow_unit(values.dtype, roundoff)
 
@@ -470,9 +470,9 @@ def _row_statistics_counts(g: dict[str, Tensor], gram_rows: Tensor, order: Tenso
     if n > 1:
         pairs = gram_rows.gather(-1, order[..., None, :].expand(*order.shape, n))
         earlier = torch.ones(n, n, dtype=torch.bool, device=order.device).tril(-1)
-        pair_hi = pairs.masked_fill(~earlier, -torch.inf).amax((-2, -1))[..., None] + err
-        pair_lo = pairs.masked_fill(~earlier, torch.inf).amin((-2, -1))[..., None] - err
         below = pairs.masked_fill(~earlier, torch.inf)  # Ĝ[later, earlier]: a rank's pairs are its row and column
+        pair_hi = pairs.masked_fill(~earlier, -torch.inf).amax((-2, -1))[..., None] + err
+        pair_lo = below.amin((-2, -1))[..., None] - err
         pair_min = torch.minimum(below.amin(-1), below.amin(-2))
         # E_i = −α_i²q_i − 2α_i(W − α_i)·min_{k∈S∖i} G_ik ≥ e_i
         gaps_upper = -selected_sizes - 2 * selected_alpha * (mass - selected_alpha) * (pair_min - err)

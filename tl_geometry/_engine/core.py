@@ -346,24 +346,19 @@ def _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_erro
     compare with ``max U_i``. ``-max`` (counted outside, and no selected source certified
     inside) unless ``L_j`` exceeds its slack τ_j, which proves that the measured ``D_j²`` is
     positive (the measurement clamps negative ones)."""
-    own_error = slack_w * (a * a + 2 * a * mass)
-    spread = a + mass
-    exact_error = slack_64 * spread * spread + slack_abs
-    positive = lower - own_error - slack_w * mass * mass - exact_error > 0.0
-    certified = lower - own_error - selected_error - exact_error
-    return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
+    return _certified_gap(lower, 0.0, a, mass, slack_w, slack_64, slack_abs, selected_error)
 
 
 @njit(**NO_RC)
 def _certified_gap(gap, s_sq_lo, a, mass, slack_w, slack_64, slack_abs, selected_error):
     """Theorem 4's ``F_j`` (``gap``) less the slack σ_j of Lemma 3, or ``-max`` unless Theorem 3's
-    ``L_j = F_j + s_sq_lo`` exceeds its slack τ_j (Lemma 6): :func:`_certified_lower`'s terms."""
+    ``L_j = F_j + s_sq_lo`` exceeds its slack τ_j (Lemma 6); with ``s_sq_lo = 0`` an ``L_j`` itself."""
     own_error = slack_w * (a * a + 2 * a * mass)
     spread = a + mass
     exact_error = slack_64 * spread * spread + slack_abs
     positive = gap + s_sq_lo - own_error - slack_w * mass * mass - exact_error > 0.0
     certified = gap - own_error - selected_error - exact_error
-    return certified if positive else _LOWEST
+    return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
 
 
 @njit(**NO_RC)
