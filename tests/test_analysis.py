@@ -13,6 +13,7 @@ from tl_geometry.adapters import describe_model
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.taxonomy import vote_counts
 
+from .inputs import FEW_VOTES_WARNING
 from .oracle import oracle_separability
 from .tiny import D_VOCAB, WINDOW_STYLES, random_tokens, tiny_model, tiny_windowed
 
@@ -174,7 +175,7 @@ def test_the_model_is_described_once_per_analysis(monkeypatch):
     monkeypatch.setattr(analysis_module, "describe_model", counting)
     monkeypatch.setattr(adapters, "describe_model", counting)
     tlg.analyze(tiny_model(4, 2), random_tokens(6, 9, seed=1), (1, 2), repeats=1, batch_size=2, progress=False,
-                bootstrap=10)
+                bootstrap=10, head_types=False)  # the head types' own forward describes the model again
     assert len(calls) == 1  # three batches
 
 
@@ -243,6 +244,7 @@ def test_right_padded_tokens_without_a_mask_warn_with_the_fix(monkeypatch):
     mask = (tokens != 7).long()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=FEW_VOTES_WARNING)
         tlg.analyze(model, tokens, 1, attention_mask=mask, repeats=0, bootstrap=1, progress=False)
     # the same batch's cache (an ActivationCache keeps its model, so its pad id is known)
     _, cache = model.run_with_cache(tokens, names_filter=tlg.names_filter)
@@ -251,6 +253,7 @@ def test_right_padded_tokens_without_a_mask_warn_with_the_fix(monkeypatch):
     _, cache = model.run_with_cache(tokens, names_filter=tlg.names_filter, attention_mask=mask)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=FEW_VOTES_WARNING)
         tlg.analyze(cache, tokens, 1, attention_mask=mask, repeats=0, bootstrap=1, progress=False)
 
 
@@ -296,6 +299,7 @@ def test_sliding_window_layers_are_measured_over_the_sources_their_queries_see(s
     ns = (1, 2, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing to warn: every window starts with BOS, every window is declared
+        warnings.filterwarnings("ignore", message=FEW_VOTES_WARNING)
         res = tlg.analyze(model, tokens, ns, attention_mask=mask, queries="all", repeats=2, progress=False,
                           bootstrap=10)
     assert res.geometry.windows_without_bos == []
@@ -385,3 +389,35 @@ def test_dominant_offset_is_missing_where_a_head_has_no_other_vote():
     tax = HeadTaxonomy(res.taxonomy.votes, offsets, res.taxonomy.settings, res.taxonomy.sinkless)
     column = tlg.Analysis(res.geometry, tax).heads_table()["dominant_offset"]
     assert str(column.dtype) == "Int64" and column.iloc[0] == 2 and column.iloc[1:].isna().all()
+
+
+def test_columns_fixed_by_the_definition_only_on_request():
+    """Euclidean N = 1: F of the aggregate itself is 1 (the gap 0) unless contributions coincide;
+    cosine runs keep their N = 1 columns, which are measured."""
+    from tl_geometry.analysis import FIXED_AT_ONE
+
+    model, tokens = tiny_model(4, 2), random_tokens(2, 10, seed=2)
+    res = tlg.analyze(model, tokens, (1, 2), repeats=2, bootstrap=5, progress=False)
+    default, full = res.heads_table(), res.heads_table(all_columns=True)
+    fixed = sorted(set(full.columns) - set(default.columns))
+    assert fixed == sorted(f"{metric}@1" for metric in FIXED_AT_ONE)
+    for column in ("f_top@1", "f_random@1", "f_nosink@1"):
+        assert (full[column] == 1).all(), column
+    assert (full["gap@1"] == 0).all() and {"f_top@2", "align_sink@1"} <= set(default.columns)
+    cosine = tlg.analyze(model, tokens, (1, 2), distance="cosine", repeats=2, bootstrap=5, progress=False)
+    assert list(cosine.heads_table().columns) == list(cosine.heads_table(all_columns=True).columns)
+
+
+def test_few_votes_are_warned_once_with_their_count():
+    model = tiny_model(4, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = tlg.analyze(model, random_tokens(1, 15, seed=3), (1, 2), repeats=1, bootstrap=5, progress=False)
+    few = [str(w.message) for w in caught if "votes per head" in str(w.message)]
+    uncertain = int(res.taxonomy.label_uncertain.sum())
+    assert few == [f"the regime labels rest on as few as 14 votes per head (one per taxonomy query of each window); "
+                   f"{uncertain} of 12 labels could flip within their 95% interval (heads_table()'s label_uncertain). "
+                   "Analyse more text, ≥ 100 votes per head, for firmer labels."]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 2 windows × 50 votes: enough
+        tlg.analyze(model, random_tokens(2, 51, seed=3), (1, 2), repeats=1, bootstrap=5, progress=False)

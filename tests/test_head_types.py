@@ -82,7 +82,7 @@ def test_crosstab_counts_every_head_once():
 
 @pytest.mark.ill_typed  # passes a dict where HeadTypes belongs, to see the one-line error
 def test_attached_head_types_join_the_table_profile_and_saved_run(tiny_model, tmp_path):
-    res = tlg.analyze(tiny_model, random_tokens(2, 12), n=(1, 2), progress=False)
+    res = tlg.analyze(tiny_model, random_tokens(2, 12), n=(1, 2), progress=False, head_types=False)
     types = head_types(tiny_model, length=10)
     with pytest.raises(TLGeometryError, match="with_head_types takes"):
         res.with_head_types({"induction": 1})
@@ -105,17 +105,53 @@ def test_attached_head_types_join_the_table_profile_and_saved_run(tiny_model, tm
     loaded = tlg.Analysis.load(tmp_path)
     assert torch.equal(loaded.head_types.induction, types.induction)
     assert loaded.head_types.settings == types.settings
+    assert torch.equal(loaded.head_types.tokens, types.tokens)
+    assert torch.equal(types.tokens, repeated_random_tokens(tiny_model, length=10))
     res.save(tmp_path, overwrite=True)  # an analysis without scores leaves none of the other's behind
     assert tlg.Analysis.load(tmp_path).head_types is None
 
 
+def test_analyze_attaches_the_head_types_of_its_model(tiny_model):
+    tokens = random_tokens(2, 12)
+    res = tlg.analyze(tiny_model, tokens, n=(1, 2), progress=False)
+    # the tiny context (64) holds BOS + 2 × 31: "auto" takes what fits
+    expected = head_types(tiny_model, length=31)
+    assert res.head_types.settings == expected.settings and res.head_types.settings["length"] == 31
+    for kind in HEAD_TYPES:
+        assert torch.equal(getattr(res.head_types, kind), getattr(expected, kind))
+    assert "head_type" in res.heads_table().columns
+    _, cache = tiny_model.run_with_cache(tokens, names_filter=tlg.names_filter)
+    from_cache = tlg.analyze(cache, tokens, n=(1, 2), progress=False)
+    assert from_cache.head_types is None  # a cache cannot run the forward; print(res) says how to add them
+    assert "res.with_head_types(tlg.head_types(model))" in repr(from_cache)
+
+
+@pytest.mark.ill_typed  # float ids and a batch of two, to see the one-line error
+def test_given_tokens_are_scored_as_they_are(tiny_model):
+    tokens = random_tokens(1, 20, seed=5)
+    types = head_types(tiny_model, tokens=tokens)
+    ours, _ = _scores(tiny_model, tokens)
+    assert torch.equal(types.scores(), ours) and torch.equal(types.tokens, tokens)
+    assert types.settings["n_tokens"] == 20 and "20 given tokens" in repr(types)
+    assert torch.equal(head_types(tiny_model, tokens=tokens[0]).tokens, tokens)  # [pos] is one sequence
+    for bad in (random_tokens(2, 20), tokens.float(), tokens[:, :1]):
+        with pytest.raises(TLGeometryError, match=r"head_types' tokens must be the ids of one sequence"):
+            head_types(tiny_model, tokens=bad)
+    with pytest.raises(TLGeometryError, match="context"):
+        head_types(tiny_model, tokens=random_tokens(1, 80))
+
+
 @pytest.mark.slow
 def test_head_types_equal_detect_head_on_smollm2(smollm2):
-    """The bundled model, through the whole of TransformerLens's own detect_head, on a text."""
+    """The bundled model, through the whole of TransformerLens's own detect_head, on a text: the
+    cross-check docs/metrics.md gives ("Familiar head types")."""
     from transformer_lens.head_detector import detect_head
 
     text = "The cat sat on the mat. The cat sat on the mat again."
-    ours, _ = _scores(smollm2, smollm2.to_tokens(text))
-    for i, kind in enumerate(HEAD_TYPES):
-        torch.testing.assert_close(ours[..., i], detect_head(smollm2, text, f"{kind}_head").double(), atol=1e-6,
-                                   rtol=0)
+    ours = head_types(smollm2, tokens=smollm2.to_tokens(text))
+    for kind in HEAD_TYPES:
+        torch.testing.assert_close(getattr(ours, kind), detect_head(smollm2, text, f"{kind}_head").double(),
+                                   atol=1e-6, rtol=0)
+    # the random sequence's ids, decoded to text, do not tokenise back to themselves
+    types = head_types(smollm2)
+    assert smollm2.to_tokens(smollm2.tokenizer.decode(types.tokens[0, 1:])).shape[1] != types.tokens.shape[1]

@@ -9,6 +9,7 @@ import pytest
 import tl_geometry as tlg
 from tl_geometry.hooks import foreign_hooks
 
+from .inputs import FEW_VOTES_WARNING
 from .tiny import random_tokens
 
 
@@ -39,10 +40,12 @@ def test_analyze_warns_once_about_leftover_hooks_unless_told(tiny_model):
             tlg.analyze(model, tokens, 1, repeats=0, bootstrap=1, progress=False)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            warnings.filterwarnings("ignore", message=FEW_VOTES_WARNING)
             tlg.analyze(model, tokens, 1, repeats=0, bootstrap=1, progress=False, allow_hooks=True)
     finally:
         model.reset_hooks()
     with warnings.catch_warnings():  # the README's "geometry of a patched run": no warning
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=FEW_VOTES_WARNING)
         with tlg.ablate_heads(model, [(0, 1)], mode="sink"):
             tlg.analyze(model, tokens, 1, repeats=0, bootstrap=1, progress=False)

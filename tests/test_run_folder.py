@@ -299,7 +299,7 @@ def test_save_replaces_only_on_request_and_only_what_tl_geometry_wrote(tmp_path,
     (tmp_path / "run" / "notes.txt").write_text("the user's notes")
     second.save(tmp_path / "run", overwrite=True)
     loaded = tlg.Analysis.load(tmp_path / "run")
-    assert torch.equal(loaded.taxonomy.votes, second.taxonomy.votes) and loaded.head_types is None
+    assert torch.equal(loaded.taxonomy.votes, second.taxonomy.votes) and loaded.head_types.settings == second.head_types.settings
     assert not (tmp_path / "run" / "drilldown_mixer.json").exists()  # the replaced run's, listed in its manifest
     assert (tmp_path / "run" / "notes.txt").read_text() == "the user's notes"
 

@@ -40,7 +40,8 @@ from .config import Distance, Queries, Ranking, RunConfig
 from .distributed import all_gather_objects, all_reduce, shard_indices, shard_path, world
 from .errors import TLGeometryError
 from .geometry import GeometryResult, SeparabilityAccumulator
-from .head_types import HEAD_TYPES, HEAD_TYPES_FILE, HeadTypes
+from .head_types import HEAD_TYPES, HEAD_TYPES_FILE, HeadTypes, auto_length
+from .head_types import head_types as measure_head_types
 from .hooks import warn_hooks_left
 from .io import check_sealed, head_name, parse_head, parse_heads, token_digest
 from .layer_measures import Workspace, measure_layer
@@ -48,6 +49,12 @@ from .query_rows import as_n_tuple
 from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
 
 __all__ = ["Analysis", "analyze", "tokenize_texts"]
+
+# Euclidean N = 1 selects the aggregate itself: these are 1 (the gap 0) unless contributions coincide.
+FIXED_AT_ONE = frozenset({"f_top", "f_random", "gap", "f_nosink", "f_sink_selected", "f_sink_unselected",
+                          "precision_bound", "recall_bound"})
+# Below this many votes a head's Wilson 95% interval is wider than ±0.1 around an even share.
+FEW_VOTES = 100
 
 
 @dataclass
@@ -60,8 +67,9 @@ class Analysis:
     head_types: HeadTypes | None = None
 
     def __repr__(self) -> str:
-        types = "" if self.head_types is None else f",\n  head_types={self.head_types!r}"
-        return f"Analysis(\n  geometry={self.geometry!r},\n  taxonomy={self.taxonomy!r}{types})"
+        types = (repr(self.head_types) if self.head_types is not None else
+                 "None  # not measured (a cache, or head_types=False): res.with_head_types(tlg.head_types(model))")
+        return f"Analysis(\n  geometry={self.geometry!r},\n  taxonomy={self.taxonomy!r},\n  head_types={types})"
 
     def with_head_types(self, head_types: HeadTypes) -> Analysis:
         """This analysis with TransformerLens's head-type scores of the same model attached
@@ -91,7 +99,7 @@ class Analysis:
             line += f"; TransformerLens scores: {scores} ({'no familiar type' if kind == 'other' else kind.replace('_', '-') + ' head'})"
         return line
 
-    def heads_table(self, heads: Any = None, extra: dict[str, Any] | None = None):
+    def heads_table(self, heads: Any = None, extra: dict[str, Any] | None = None, *, all_columns: bool = False):
         """One row per head: layer, head, name, regime, vote shares (where sliding windows hid the sink
         from some voting rows, ``share_sinkless``: their share of the votes), dominant offset (with head types
         attached: the previous-token / duplicate-token / induction scores and the type), then F_N
@@ -103,7 +111,10 @@ class Analysis:
         ``[n_layers, n_heads]`` mask: ``io.parse_heads``). ``extra`` joins columns of your own by
         head, whatever ``heads`` selects: ``{"patch": tensor}`` with a ``[n_layers, n_heads]``
         tensor (or its flat ``[n_layers·n_heads]`` form), e.g. an activation-patching result.
-        ``frame.attrs`` says whether the windows start with BOS (``bos``, ``windows_without_bos``) and
+        Columns fixed by the definition are left out unless ``all_columns=True`` (the run folder's
+        heads.csv keeps them): in a Euclidean run the ``@1`` columns of F (top, random, without the
+        sink, sink selected or not), the gap and the certificates, which are 1 (the gap 0) unless two
+        contributions coincide (docs/metrics.md). ``frame.attrs`` says whether the windows start with BOS (``bos``, ``windows_without_bos``) and
         which layers slide (``sliding_windows``)."""
         import pandas as pd
 
@@ -138,7 +149,8 @@ class Analysis:
         for metric in by_n:
             values = geo.mean(metric).reshape(layers * heads_per_layer, -1)
             for index, n in enumerate(geo.n):
-                table[f"{metric}@{n}"] = values[:, index].double().numpy()
+                if all_columns or not (n == 1 and metric in FIXED_AT_ONE and geo.settings.get("distance") == "euclidean"):
+                    table[f"{metric}@{n}"] = values[:, index].double().numpy()
         for name, values in (extra or {}).items():
             if name in table:
                 raise TLGeometryError(f"extra column {name!r} is one of the table's own: name it otherwise.")
@@ -335,6 +347,18 @@ def _bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_
     return {"known": True, "without": without}
 
 
+def _warn_few_votes(taxonomy: HeadTaxonomy) -> None:
+    """Warn once per run when the labels rest on few votes: how many, how many labels could flip."""
+    counts = taxonomy.n_votes[taxonomy.n_votes > 0]
+    if counts.numel() == 0 or int(counts.min()) >= FEW_VOTES:
+        return
+    uncertain = int(taxonomy.label_uncertain.sum())
+    warnings.warn(f"the regime labels rest on as few as {int(counts.min())} votes per head (one per taxonomy query "
+                  f"of each window); {uncertain} of {taxonomy.n_votes.numel()} labels could flip within their 95% "
+                  "interval (heads_table()'s label_uncertain). Analyse more text, ≥ "
+                  f"{FEW_VOTES} votes per head, for firmer labels.", stacklevel=3)
+
+
 def _warn_unexplained_window(layer: int, att: Any, warned: set[int]) -> None:
     """Warn once per layer where the pattern itself looks windowed and no configuration said so."""
     window = unexplained_window(att)
@@ -423,6 +447,7 @@ def analyze(
     progress: bool = True,
     config: RunConfig | None = None,
     allow_hooks: bool = False,
+    head_types: bool = True,
 ) -> Analysis:
     """Stream ``model`` once over the windows and measure everything (docs/metrics.md), or
     measure a cache you already have.
@@ -451,6 +476,10 @@ def analyze(
         allow_hooks: measure a model that has hooks left attached (``model.add_hook``) without the
             warning; hooks of a context (``model.hooks(...)``, ``run_with_hooks``, tl_geometry's own
             ablations) are deliberate and never warned about.
+        head_types: attach TransformerLens's previous-token, duplicate-token and induction scores
+            (:func:`~tl_geometry.head_types.head_types`: one more forward, of BOS + 2 × 50 random
+            tokens); ``False`` skips it. A cache cannot run that forward: attach them with
+            ``res.with_head_types(tlg.head_types(model))``, as ``print(res)`` says.
 
     Returns:
         :class:`Analysis` with ``geometry`` (``[seq, layer, head, n]`` per-sequence values) and
@@ -547,7 +576,11 @@ def analyze(
         _stream_windows(model, info, tokens, attention_mask, batch_size, progress and rank == 0, on_layer, on_batch,
                         save, first=done)
     result = Analysis(geometry.result(settings, allow_empty=world_size > 1), taxonomy.result(settings))
-    return gather_analysis(result) if world_size > 1 else result
+    result = gather_analysis(result) if world_size > 1 else result
+    if cache is None and head_types and auto_length(model) >= 2:  # the hooks were warned about above
+        result = result.with_head_types(measure_head_types(model, allow_hooks=True))
+    _warn_few_votes(result.taxonomy)
+    return result
 
 
 def gather_analysis(analysis: Analysis) -> Analysis:

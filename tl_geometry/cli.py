@@ -201,7 +201,6 @@ def _analyze(args: argparse.Namespace) -> None:
     from .config import RunConfig
     from .corpus import load_corpus, make_windows
     from .distributed import barrier, init_from_env, shard_path
-    from .head_types import head_types
     from .models import BUNDLED_MODELS, load_model
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
@@ -251,7 +250,6 @@ def _analyze(args: argparse.Namespace) -> None:
         if rank > 0:  # rank 0 writes the results and the report
             own_checkpoint.unlink(missing_ok=True)
             return
-        analysis = analysis.with_head_types(head_types(model))  # once per run: one forward of 101 tokens
         result = analysis.geometry
         for settings in (result.settings, analysis.taxonomy.settings):
             settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size,

@@ -9,8 +9,15 @@ earlier copy). The detection patterns come from ``transformer_lens.head_detector
 run over every head of a layer at once from one streamed forward. docs/metrics.md ("Familiar
 head types") says how they relate to the regimes.
 
-    >>> res = tlg.analyze(model, tokens).with_head_types(tlg.head_types(model))  # doctest: +SKIP
+``tlg.analyze(model, ...)`` attaches them itself (``head_types=False`` skips the extra forward);
+from a cache, attach them with :meth:`~tl_geometry.analysis.Analysis.with_head_types`:
+
+    >>> res = tlg.analyze(cache, tokens).with_head_types(tlg.head_types(model))  # doctest: +SKIP
     >>> res.heads_table()[["name", "regime", "dominant_offset", "induction"]]      # doctest: +SKIP
+
+``detect_head`` takes a string and tokenises it again; random token ids decoded to text rarely
+tokenise back to themselves (101 ids become 109 on SmolLM2), so compare on one text's tokens:
+``tlg.head_types(model, tokens=model.to_tokens(text))`` equals ``detect_head(model, text, ...)``.
 """
 
 from __future__ import annotations
@@ -39,13 +46,15 @@ HEAD_TYPES_FILE = "head_types.safetensors"
 
 @dataclass(frozen=True)
 class HeadTypes:
-    """Per head ``[n_layers, n_heads]`` scores in [0, 1], one tensor per :data:`HeadType`, and the
-    settings of the sequence they were measured on (``length`` of ``R``, ``seed``)."""
+    """Per head ``[n_layers, n_heads]`` scores in [0, 1], one tensor per :data:`HeadType`, the
+    settings of the sequence they were measured on (``length`` of ``R``, ``seed``) and its token
+    ids ``tokens`` ``[1, pos]``, to run any other tool on exactly the same input."""
 
     previous_token: Float[Tensor, "layer head"]
     duplicate_token: Float[Tensor, "layer head"]
     induction: Float[Tensor, "layer head"]
     settings: dict[str, Any] = field(default_factory=dict)
+    tokens: Int[Tensor, "1 pos"] | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -53,8 +62,10 @@ class HeadTypes:
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{kind} {int((self.labels() == kind).sum())}" for kind in HEAD_TYPES)
-        return (f"HeadTypes({self.shape[0]}×{self.shape[1]} heads on BOS + 2 × {self.settings.get('length')} "
-                f"repeated random tokens; heads at ≥ {DEFAULT_THRESHOLD} of a type's best score: {counts})")
+        on = (f"BOS + 2 × {self.settings.get('length')} repeated random tokens" if self.settings.get("length")
+              else f"{self.settings.get('n_tokens')} given tokens")
+        return (f"HeadTypes({self.shape[0]}×{self.shape[1]} heads on {on}; heads at ≥ {DEFAULT_THRESHOLD} of a "
+                f"type's best score: {counts})")
 
     def scores(self) -> Float[Tensor, "layer head 3"]:
         """The three scores stacked in :data:`HEAD_TYPES` order."""
@@ -100,7 +111,10 @@ class HeadTypes:
                            dropna=False)
 
     def save(self, path: str | Path) -> None:
-        save_tensors(path, _KIND, {kind: getattr(self, kind) for kind in HEAD_TYPES}, settings=self.settings)
+        tensors = {kind: getattr(self, kind) for kind in HEAD_TYPES}
+        if self.tokens is not None:
+            tensors["tokens"] = self.tokens
+        save_tensors(path, _KIND, tensors, settings=self.settings)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadTypes:
@@ -108,7 +122,8 @@ class HeadTypes:
         missing = [kind for kind in HEAD_TYPES if kind not in tensors]
         if missing:
             raise TLGeometryError(f"{path} lacks the scores {', '.join(missing)}: rerun tl-geometry analyze.")
-        return cls(**{kind: tensors[kind] for kind in HEAD_TYPES}, settings=meta.get("settings", {}))
+        return cls(**{kind: tensors[kind] for kind in HEAD_TYPES}, settings=meta.get("settings", {}),
+                   tokens=tensors.get("tokens"))
 
 
 def repeated_random_tokens(model: Any, length: int = 50, seed: int = 0) -> Int[Tensor, "1 pos"]:
@@ -139,22 +154,54 @@ def _detection_patterns(tokens: Int[Tensor, "1 pos"]) -> Float[Tensor, "3 pos po
     return torch.stack([build(tokens.cpu()).double() for build in builders])
 
 
-def head_types(model: Any, *, length: int = 50, seed: int = 0, allow_hooks: bool = False) -> HeadTypes:
+def auto_length(model: Any) -> int:
+    """``length="auto"``: 50 random tokens, or as many as the model's context holds twice after BOS."""
+    from .adapters import describe_model
+
+    n_ctx = describe_model(model).n_ctx
+    return 50 if n_ctx is None else min(50, (n_ctx - 1) // 2)
+
+
+def head_types(model: Any, *, length: int | Literal["auto"] = "auto", seed: int = 0, tokens: Int[Tensor, "*one pos"] | None = None,
+               allow_hooks: bool = False) -> HeadTypes:
     """TransformerLens's previous-token, duplicate-token and induction scores of every head, from
-    one forward of :func:`repeated_random_tokens` (``detect_head``'s ``"mul"`` measure: the share
-    of a head's attention on its type's pattern). Attach them to an analysis with
+    one forward of :func:`repeated_random_tokens` (``length="auto"``: 50 tokens, fewer where the
+    context is shorter; ``detect_head``'s ``"mul"`` measure: the share
+    of a head's attention on its type's pattern), or of your own ``tokens`` ``[1, pos]`` (then
+    equal to ``detect_head`` on a text whose ``model.to_tokens`` they are). ``tlg.analyze`` attaches
+    them; attach them to an analysis of a cache with
     :meth:`~tl_geometry.analysis.Analysis.with_head_types`. ``allow_hooks``: as in ``tlg.analyze``."""
     from .hooks import warn_hooks_left
 
     warn_hooks_left(model, allow_hooks)
-    tokens = repeated_random_tokens(model, length, seed)
+    if tokens is None:
+        length = auto_length(model) if length == "auto" else length
+        tokens = repeated_random_tokens(model, length, seed)
+        settings: dict[str, Any] = {"length": length, "seed": seed}
+    else:
+        tokens = _given_tokens(model, tokens)
+        settings = {"n_tokens": int(tokens.shape[1])}
     scores, patterns = _scores(model, tokens)
     # The best score a head of each type can reach here: the share of rows its pattern marks
     # (the first copy of R has no earlier duplicate, so induction and duplicate-token stay below 1/2).
     ceiling = patterns.amax(-1).mean(-1)
-    return HeadTypes(*scores.unbind(-1), settings={"length": length, "seed": seed, "error_measure": "mul",
-                                                   "exclude_bos": False,
-                                                   "ceiling": dict(zip(HEAD_TYPES, ceiling.tolist(), strict=True))})
+    return HeadTypes(*scores.unbind(-1), settings={**settings, "error_measure": "mul", "exclude_bos": False,
+                                                   "ceiling": dict(zip(HEAD_TYPES, ceiling.tolist(), strict=True))},
+                     tokens=tokens.cpu())
+
+
+def _given_tokens(model: Any, tokens: Any) -> Int[Tensor, "1 pos"]:
+    """The caller's token ids as ``[1, pos]`` on the CPU, or one line saying what fits."""
+    from .adapters import describe_model
+
+    ids = torch.as_tensor(tokens).detach().cpu()
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.is_floating_point() or ids.dtype == torch.bool or ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+        raise TLGeometryError(f"head_types' tokens must be the ids of one sequence of ≥ 2 tokens, [1, pos] "
+                              f"(e.g. model.to_tokens(text)); got shape {list(ids.shape)} of {ids.dtype}.")
+    describe_model(model).check_length(int(ids.shape[1]))
+    return ids.long()
 
 
 def _scores(model: Any, tokens: Int[Tensor, "1 pos"]) -> tuple[Float[Tensor, "layer head 3"], Tensor]:

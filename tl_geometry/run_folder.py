@@ -294,7 +294,7 @@ class RunFolder:
         geometry.save(self.geometry)
         taxonomy.save(self.taxonomy)
         self._write_text(self.settings, json.dumps(settings, indent=1))
-        self._write_frame("heads.csv", analysis.heads_table())
+        self._write_frame("heads.csv", analysis.heads_table(all_columns=True))
         self._write_frame("summary.csv", analysis.geometry.summary())
         written = [*RESULT_FILES, *(self.drilldown(regime).name for regime in drilldowns)]
         if analysis.head_types is not None:

@@ -238,8 +238,8 @@ def streaming_curve(
     if "taxonomy" in orders:
         needs["taxonomy"] = kv_head_needs(taxonomy_need(taxonomy, window), info.n_kv_heads)
     if "echo_induction" in orders:
-        if types is None:  # BOS + 2 × 50 tokens, or as many as the context holds
-            types = head_types(model, length=50 if info.n_ctx is None else min(50, (info.n_ctx - 1) // 2))
+        if types is None:
+            types = head_types(model)
         if tuple(types.shape) != (info.n_layers, info.n_heads):
             raise TLGeometryError(f"the head types have {types.shape[0]}×{types.shape[1]} heads but this model has "
                                   f"{info.n_layers}×{info.n_heads}: pass the head types of this model.")
