@@ -93,6 +93,25 @@ def test_streaming_a_subset_of_layers(tiny_model):
     assert list(streamed) == [1]
 
 
+@pytest.mark.parametrize("layers", [None, [0]])
+def test_the_forward_stops_once_the_last_layer_is_measured_and_leaves_no_hook(tiny_model, layers):
+    """Nothing after the last chosen layer runs (the next layer, or the unembedding), and stopping
+    there leaves every hook point as it was."""
+    after = "ln_final.hook_normalized" if layers is None else "blocks.1.hook_resid_pre"
+    ran = []
+    tiny_model.hook_dict[after].add_hook(lambda tensor, hook: ran.append(hook.name), is_permanent=True)
+    hooks = lambda: {name: len(point.fwd_hooks) for name, point in tiny_model.hook_dict.items()}  # noqa: E731
+    try:
+        before = hooks()
+        streamed = _collect(tiny_model, random_tokens(2, 6), layers=layers)
+        assert sorted(streamed) == (layers or list(range(tiny_model.cfg.n_layers))) and not ran
+        assert hooks() == before
+        tiny_model(random_tokens(1, 6))
+        assert len(ran) == 1  # the model itself still runs to the end
+    finally:
+        tiny_model.reset_hooks(including_permanent=True)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_equals_unpadded(tiny_model, side):
     long, short = random_tokens(1, 9, seed=2), random_tokens(1, 5, seed=3)

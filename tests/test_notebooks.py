@@ -11,7 +11,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "demos").glob("*.ipynb
 
 
 def test_notebooks_are_stored_without_outputs():
-    assert len(NOTEBOOKS) == 5
+    assert len(NOTEBOOKS) == 6
     for path in NOTEBOOKS:
         cells = nbformat.read(path, as_version=4).cells
         assert all(not c.get("outputs") and c.get("execution_count") is None for c in cells if c.cell_type == "code"), path.name

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -584,6 +585,10 @@ def _check_vocabulary(model: Any, tokens: Tensor) -> None:
                               f"{high}: tokenise with this model's tokenizer (model.to_tokens).")
 
 
+class _Measured(Exception):
+    """Raised by the last chosen layer's hook: its attention is measured, the forward may stop."""
+
+
 def stream_layers(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
@@ -609,7 +614,8 @@ def stream_layers(
         attention_mask: ``[batch, pos]`` 1 for real tokens, 0 for pads (left or right padding);
             default: no pads.
         layers: layer indices (default: all).
-        stop_early: stop the forward after the last chosen layer (no logits are needed).
+        stop_early: stop the forward once the last chosen layer's attention is measured (neither
+            that layer's output nor the logits are needed).
         info: the model's :func:`describe_model`, when the caller streams many batches (saves
             describing, and warning about, the same model each time).
 
@@ -634,6 +640,8 @@ def stream_layers(
             if len(slot) == 2:
                 del pending[layer]
                 fn(layer, _build_layer(layer, slot["pattern"], slot["v"], attention_mask, has_bos, info.window(layer)))
+                if stop_early and layer == chosen[-1]:
+                    raise _Measured  # the rest of the forward (the layer's output, the unembedding) is not needed
 
         return hook
 
@@ -647,10 +655,7 @@ def stream_layers(
     kwargs: dict[str, Any] = {"return_type": None}
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask.to(tokens.device)
-    stop_at = chosen[-1] + 1
-    if stop_early and stop_at < info.n_layers:
-        kwargs["stop_at_layer"] = stop_at
-    with torch.inference_mode():
+    with torch.inference_mode(), contextlib.suppress(_Measured):
         model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **kwargs)
     if pending:
         raise TLGeometryError(
