@@ -37,6 +37,7 @@ from .hooks import (
     z_hook_name,
 )
 from .io import parse_heads, token_digest
+from .residual_replay import ReplayedForwards
 from .selection import top_order
 from .taxonomy import HeadTaxonomy
 
@@ -350,15 +351,14 @@ def pruning_curve(
     import pandas as pd
     from tqdm.auto import tqdm
 
-    baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
+    replay = ReplayedForwards(model, tokens, attention_mask, batch_size=batch_size)
+    baseline = replay.baseline_nll
     rows = []
     jobs = [(name, r) for name in importances for r in retention]
     for name, r in tqdm(jobs, desc="pruning", disable=not progress):
         heads = heads_to_remove(importances[name], r)
-        nll = baseline if not heads else mean_nll(
-            model, tokens, attention_mask=attention_mask, batch_size=batch_size,
-            fwd_hooks=ablate_heads(model, heads, mode=mode, reference_tokens=tokens,
-                                   reference_mask=attention_mask).fwd_hooks)
+        nll = baseline if not heads else replay.mean_nll(
+            ablate_heads(model, heads, mode=mode, reference_tokens=tokens, reference_mask=attention_mask).fwd_hooks)
         rows.append({"method": name, "retention": r, "heads_removed": len(heads), "nll": nll,
                      "baseline_nll": baseline, "delta_nll": (nll - baseline) / baseline,
                      "seq_len": int(tokens.shape[1]), "n_windows": int(tokens.shape[0])})
@@ -401,19 +401,18 @@ def single_head_scan(
     state = None if checkpoint is None else scan_checkpoint(checkpoint, model, tokens, attention_mask, mode)
     if state is not None:
         result = state.load()[0].get("delta_nll", result).double()
-    baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
+    replay = ReplayedForwards(model, tokens, attention_mask, batch_size=batch_size)
+    baseline = replay.baseline_nll
     means = _reference_means(model, list(range(info.n_layers)), tokens, attention_mask) if mode == "mean" else None
     n_win, heads = tokens.shape[0], info.n_heads
+    # replica r ablates head r // n_win of window r % n_win; each layer's forwards start at that layer
+    window_of, head_of = torch.arange(n_win).repeat(heads), torch.arange(heads).repeat_interleave(n_win)
     for layer in tqdm(range(info.n_layers), desc="single-head scan", disable=not progress):
         if not torch.isnan(result[layer]).any():
             continue
-        # replica r ablates head r // n_win of window r % n_win
-        replicas = tokens.repeat(heads, 1)
-        replica_mask = None if attention_mask is None else attention_mask.repeat(heads, 1)
-        head_of = torch.arange(heads).repeat_interleave(n_win)
         nll_sum = torch.zeros(heads, dtype=torch.float64)
         count = torch.zeros(heads, dtype=torch.float64)
-        for start in range(0, replicas.shape[0], batch_size):
+        for start in range(0, len(head_of), batch_size):
             rows = slice(start, start + batch_size)
             h_rows = head_of[rows]
 
@@ -423,9 +422,7 @@ def single_head_scan(
                 z[index, :, h_rows] = 0 if means is None else means[layer][h_rows][:, None].to(z.dtype).to(z.device)
                 return z
 
-            with torch.no_grad():
-                nll, n = sequence_nll(model, replicas[rows], attention_mask=None if replica_mask is None
-                                      else replica_mask[rows], fwd_hooks=[(z_hook_name(layer), replace)])
+            nll, n = replay.nll(window_of[rows], [(z_hook_name(layer), replace)])
             nll_sum.index_add_(0, h_rows, nll)
             count.index_add_(0, h_rows, n.double())
         result[layer] = (nll_sum / count - baseline) / baseline
@@ -491,11 +488,13 @@ def topn_deletion(
     ns = tuple(int(x) for x in n_values)
     if not ns or min(ns) < 1:
         raise TLGeometryError(f"n_values must be integers ≥ 1; got {list(n_values)}.")
-    baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
+    # every evaluation changes layer 0 on: nothing below it to replay, so nothing recorded
+    replay = ReplayedForwards(model, tokens, attention_mask, batch_size=batch_size, memory=0)
+    baseline = replay.baseline_nll
     deltas = []
     for n in tqdm(ns, desc="top-N deletion", disable=not progress):
         hooks = [hook for layer in range(info.n_layers) for hook in pattern_override_hooks(layer, _keep_top_n(n, renormalise))]
-        nll = mean_nll(model, tokens, attention_mask=attention_mask, fwd_hooks=hooks, batch_size=batch_size)
+        nll = replay.mean_nll(hooks)
         deltas.append((nll - baseline) / baseline)
     delta = torch.tensor(deltas, dtype=torch.float64)
     smallest = {tau: next((n for n, d in zip(ns, deltas, strict=True) if d <= tau), None) for tau in thresholds}

@@ -37,8 +37,9 @@ from .checkpoint import KeyedCheckpoint
 from .config import STREAMING_ORDERS, StreamingOrder
 from .errors import TLGeometryError
 from .head_types import HeadTypes, head_types
-from .interventions import ablate_heads, check_window, head_importance, mean_nll
+from .interventions import ablate_heads, check_window, head_importance
 from .io import token_digest
+from .residual_replay import ReplayedForwards
 from .taxonomy import HeadTaxonomy
 
 __all__ = ["StreamingOrder", "STREAMING_ORDERS", "StreamingCurve", "streaming_curve", "check_streaming_arguments",
@@ -174,6 +175,14 @@ class _Evaluations:
                                                                         sink=sink)
         saved = {} if self.state is None else self.state.load()[1].get("nll", {})
         self.done: dict[str, float] = {str(k): float(v) for k, v in saved.items()}
+        self._replay: ReplayedForwards | None = None
+
+    @property
+    def replay(self) -> ReplayedForwards:
+        """The baseline forward, with its residuals kept (run on first use, after every check)."""
+        if self._replay is None:
+            self._replay = ReplayedForwards(self.model, self.tokens, self.mask, batch_size=self.batch_size)
+        return self._replay
 
     def nll(self, kv_heads: Sequence[int]) -> float:
         ids = sorted(int(k) for k in kv_heads)
@@ -182,8 +191,7 @@ class _Evaluations:
             group = self.info.n_heads // self.info.n_kv_heads
             heads = [(k // self.info.n_kv_heads, (k % self.info.n_kv_heads) * group + g) for k in ids for g in range(group)]
             ablation = ablate_heads(self.model, heads, mode="window", window=self.window, sink=self.sink)
-            self.done[name] = mean_nll(self.model, self.tokens, attention_mask=self.mask, batch_size=self.batch_size,
-                                       fwd_hooks=ablation.fwd_hooks)
+            self.done[name] = self.replay.mean_nll(ablation.fwd_hooks)
             if self.state is not None:
                 self.state.save({}, {"nll": self.done})
         return self.done[name]
@@ -247,7 +255,7 @@ def streaming_curve(
     if "entropy" in orders:  # head_importance's entropy importance is minus the mean entropy
         entropy = -head_importance(model, tokens, "entropy", attention_mask=attention_mask, batch_size=batch_size)
         needs["entropy"] = kv_head_needs(entropy.double(), info.n_kv_heads)
-    baseline = mean_nll(model, tokens, attention_mask=attention_mask, batch_size=batch_size)
+    baseline = evaluations.replay.baseline_nll
     if "oracle" in orders:
         alone = [evaluations.nll([k]) for k in tqdm(range(n_kv), desc="oracle (each kv head alone)", disable=not progress)]
         needs["oracle"] = ((torch.tensor(alone, dtype=torch.float64) - baseline) / baseline).reshape(info.n_layers, -1)
