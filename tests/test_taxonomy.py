@@ -111,15 +111,16 @@ def test_agreement_kappa_and_io(tmp_path):
     assert torch.equal(merged.votes, 2 * tax.votes) and (merged.labels == tax.labels).all()
 
 
-def test_print_of_a_result_fits_on_a_line_or_three():
+def test_print_of_a_result_is_a_line_per_part():
     import tl_geometry as tlg
 
     from .tiny import random_tokens, tiny_model
 
     res = tlg.analyze(tiny_model(4, 2), random_tokens(3, 8), (1, 2), repeats=1, bootstrap=5, progress=False)
-    text = repr(res)
-    assert len(text.splitlines()) == 3 and len(text) < 400
+    text = repr(res)  # geometry, taxonomy and head types: a line each
+    assert len(text.splitlines()) == 4 and len(text) < 700
     assert "HeadTaxonomy(3 layers × 4 heads" in text and "retriever" in text and "GeometryResult(3 windows" in text
+    assert "head_types=HeadTypes(3×4 heads on BOS + 2 × 31 repeated random tokens" in text
     comparison = tlg.compare(res, res)
     assert repr(comparison).startswith("Comparison(") and "agreement 100.0%" in repr(comparison)
 
