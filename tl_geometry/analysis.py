@@ -289,13 +289,18 @@ def _stream_windows(model, info, tokens, attention_mask, batch_size, progress, o
     """Stream the model over the windows ``first..`` batch by batch (tqdm bar per batch)."""
     from tqdm.auto import tqdm
 
+    from ._engine import kernels_cached
+
     starts = range(first, tokens.shape[0], batch_size)
-    for start in tqdm(starts, desc="windows", unit="batch", disable=not progress, initial=0):
+    desc = "windows" if kernels_cached() else "windows (compiling kernels, once per installation: about a minute)"
+    bar = tqdm(starts, desc=desc, unit="batch", disable=not progress, initial=0)
+    for start in bar:
         rows = slice(start, start + batch_size)
         if on_batch is not None:
             on_batch(rows)
         mask = None if attention_mask is None else attention_mask[rows]
         stream_layers(model, tokens[rows], on_layer, attention_mask=mask, info=info)
+        bar.set_description("windows", refresh=False)
         if after_batch is not None:
             after_batch()
 

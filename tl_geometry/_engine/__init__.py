@@ -17,6 +17,8 @@ numba, and it imports nothing of the package above it. Modules, one job each:
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import layer as _layer
@@ -45,8 +47,17 @@ __all__ = [
     "Values", "Rule", "Metrics", "RowChecks", "SeparabilityRows", "Sink", "LayerRows", "LayerPlan", "Tallies", "Certificates", "LayerOutputs",
     "integer_like", "COS_EPS", "GOLDEN", "MIX", "HEAD", "QUERY",
     "separability_rows", "layer_rows", "random_top_orders", "pair_cosine_statistics",
-    "squared_norms", "sink_products", "norms_from_squares",
+    "squared_norms", "sink_products", "norms_from_squares", "kernels_cached",
 ]
+
+
+def kernels_cached() -> bool:
+    """Whether the layer pass's machine code is in numba's on-disk cache (else the first call
+    compiles it: once per installation, about a minute). True where numba's cache cannot be read."""
+    try:
+        return os.path.exists(_layer.layer_rows._cache._cache_file._index_path)
+    except AttributeError:  # another numba's internals: say nothing rather than something wrong
+        return True
 
 
 def separability_rows(inputs: SeparabilityRows, values: Values, rule: Rule, metrics: Metrics, checks: RowChecks) -> None:
