@@ -20,16 +20,9 @@ import importlib
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from .bench_ab import export_package
-
-
-def _timed(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
+from .bench_ab import _timed, export_package
 
 
 def main() -> None:

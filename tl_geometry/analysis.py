@@ -113,9 +113,10 @@ class Analysis:
         tensor (or its flat ``[n_layers·n_heads]`` form), e.g. an activation-patching result.
         Columns fixed by the definition are left out unless ``all_columns=True`` (the run folder's
         heads.csv keeps them): in a Euclidean run the ``@1`` columns of F (top, random, without the
-        sink, sink selected or not), the gap and the certificates, which are 1 (the gap 0) unless two
-        contributions coincide (docs/metrics.md). ``frame.attrs`` says whether the windows start with BOS (``bos``, ``windows_without_bos``) and
-        which layers slide (``sliding_windows``)."""
+        sink, sink selected or not), the gap and the certificates, which are 1 (the gap 0) unless
+        two contributions coincide (docs/metrics.md). ``frame.attrs`` says whether the windows
+        start with BOS (``bos``, ``windows_without_bos``) and which layers slide
+        (``sliding_windows``)."""
         import pandas as pd
 
         geo, tax = self.geometry, self.taxonomy

@@ -162,15 +162,15 @@ def auto_length(model: Any) -> int:
     return 50 if n_ctx is None else min(50, (n_ctx - 1) // 2)
 
 
-def head_types(model: Any, *, length: int | Literal["auto"] = "auto", seed: int = 0, tokens: Int[Tensor, "*one pos"] | None = None,
-               allow_hooks: bool = False) -> HeadTypes:
-    """TransformerLens's previous-token, duplicate-token and induction scores of every head, from
-    one forward of :func:`repeated_random_tokens` (``length="auto"``: 50 tokens, fewer where the
-    context is shorter; ``detect_head``'s ``"mul"`` measure: the share
-    of a head's attention on its type's pattern), or of your own ``tokens`` ``[1, pos]`` (then
-    equal to ``detect_head`` on a text whose ``model.to_tokens`` they are). ``tlg.analyze`` attaches
-    them; attach them to an analysis of a cache with
-    :meth:`~tl_geometry.analysis.Analysis.with_head_types`. ``allow_hooks``: as in ``tlg.analyze``."""
+def head_types(model: Any, *, length: int | Literal["auto"] = "auto", seed: int = 0,
+               tokens: Int[Tensor, "*one pos"] | None = None, allow_hooks: bool = False) -> HeadTypes:
+    """TransformerLens's previous-token, duplicate-token and induction scores of every head
+    (``detect_head``'s ``"mul"`` measure: the share of a head's attention on its type's pattern),
+    from one forward of :func:`repeated_random_tokens` (``length="auto"``: 50 tokens, fewer where
+    the context is shorter), or of your own ``tokens`` ``[1, pos]`` (then equal to ``detect_head``
+    on a text whose ``model.to_tokens`` they are). ``tlg.analyze`` attaches them; attach them to
+    an analysis of a cache with :meth:`~tl_geometry.analysis.Analysis.with_head_types`.
+    ``allow_hooks``: as in ``tlg.analyze``."""
     from .hooks import warn_hooks_left
 
     warn_hooks_left(model, allow_hooks)
