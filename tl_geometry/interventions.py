@@ -37,7 +37,7 @@ from .hooks import (
     z_hook_name,
 )
 from .io import parse_heads, token_digest
-from .residual_replay import ReplayedForwards
+from .residual_replay import ReplayedForwards, token_mean
 from .selection import top_order
 from .taxonomy import HeadTaxonomy
 
@@ -212,16 +212,10 @@ def ablate_regime(
 def mean_nll(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None,
              fwd_hooks: Iterable[tuple[str, Callable]] = (), batch_size: int = 8) -> float:
     """Token-averaged next-token NLL (nats) over all windows, under optional hooks."""
-    total, count = 0.0, 0
     hooks = list(fwd_hooks)
     with torch.no_grad():
-        for batch_tokens, batch_mask in _batches(tokens, attention_mask, batch_size):
-            nll, n = sequence_nll(model, batch_tokens, attention_mask=batch_mask, fwd_hooks=hooks)
-            total += float(nll.sum())
-            count += int(n.sum())
-    if count == 0:
-        raise TLGeometryError("no predicted token: windows need at least two real tokens.")
-    return total / count
+        return token_mean(sequence_nll(model, batch_tokens, attention_mask=batch_mask, fwd_hooks=hooks)
+                          for batch_tokens, batch_mask in _batches(tokens, attention_mask, batch_size))
 
 
 # ----- importance ------------------------------------------------------------------------------

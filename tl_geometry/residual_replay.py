@@ -29,7 +29,7 @@ from torch import Tensor
 from .adapters import describe_model, sequence_nll
 from .errors import TLGeometryError
 
-__all__ = ["DEFAULT_REPLAY_MEMORY", "ReplayedForwards", "first_changed_layer"]
+__all__ = ["DEFAULT_REPLAY_MEMORY", "ReplayedForwards", "first_changed_layer", "token_mean"]
 
 # Residual recordings kept per job: 2 GiB holds every layer of SmolLM2 for 64 windows × 256 tokens.
 DEFAULT_REPLAY_MEMORY = 2 * 1024**3
@@ -48,6 +48,16 @@ def first_changed_layer(fwd_hooks: Iterable[tuple[Any, Callable]], n_layers: int
             return 0
         first = min(first, int(match.group(1)))
     return first
+
+
+def token_mean(sums: Iterable[tuple[Tensor, Tensor]]) -> float:
+    """Token-averaged NLL from (summed NLL, predicted tokens) pairs, e.g. per batch; refuses none predicted."""
+    total, count = 0.0, 0.0
+    for nll, n in sums:
+        total, count = total + float(nll.sum()), count + float(n.sum())
+    if count == 0:
+        raise TLGeometryError("no predicted token: windows need at least two real tokens.")
+    return total / count
 
 
 def _kept_layers(n_layers: int, per_layer: int, memory: int) -> list[int]:
@@ -86,10 +96,8 @@ class ReplayedForwards:
             with self._recording(rows):
                 nll, count = self._forward(rows, [])
             window_nll[rows], window_count[rows] = nll, count.double()
-        if float(window_count.sum()) == 0:
-            raise TLGeometryError("no predicted token: windows need at least two real tokens.")
         self.window_nll, self.window_count = window_nll, window_count
-        self.baseline_nll = float(window_nll.sum() / window_count.sum())
+        self.baseline_nll = token_mean([(window_nll, window_count)])
 
     @property
     def memory(self) -> int:
@@ -112,11 +120,7 @@ class ReplayedForwards:
 
     def mean_nll(self, fwd_hooks: Hooks) -> float:
         """Token-averaged NLL of every window under ``fwd_hooks`` (batches of ``batch_size``)."""
-        total, count = 0.0, 0.0
-        for rows in self._batches():
-            nll, n = self.nll(rows, fwd_hooks)
-            total, count = total + float(nll.sum()), count + float(n.sum())
-        return total / count
+        return token_mean(self.nll(rows, fwd_hooks) for rows in self._batches())
 
     def _batches(self) -> Iterator[Tensor]:
         for start in range(0, self.tokens.shape[0], self.batch_size):
