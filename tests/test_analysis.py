@@ -11,7 +11,7 @@ import tl_geometry as tlg
 import tl_geometry.analysis as analysis_module
 from tl_geometry.adapters import describe_model
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.taxonomy import vote_counts
+from tl_geometry.votes import vote_counts
 
 from .inputs import FEW_VOTES_WARNING
 from .oracle import oracle_separability

@@ -81,7 +81,7 @@ def test_fused_winners_equal_the_loop_oracle_with_ties_and_signed_zeros(dtype):
     """The fused pass finds each row's winner as an integer maximum over 16-key blocks: ties
     (several keys, in and across blocks) go to the lower position, -0.0 weighs as 0, and keys
     with zero values score 0 (exact multiples, so every tie is exact)."""
-    from .test_taxonomy import oracle_winners
+    from .test_votes import oracle_winners
 
     pos, batch, heads = 53, 2, 2
     g = torch.Generator().manual_seed(3)

@@ -46,7 +46,8 @@ from .hooks import warn_hooks_left
 from .io import check_sealed, head_name, parse_head, parse_heads, token_digest
 from .layer_measures import Workspace, measure_layer
 from .query_rows import as_n_tuple
-from .taxonomy import REGIMES, VOTES, HeadTaxonomy, TaxonomyAccumulator
+from .taxonomy import REGIMES, HeadTaxonomy, TaxonomyAccumulator
+from .votes import VOTES
 
 __all__ = ["Analysis", "analyze", "tokenize_texts"]
 

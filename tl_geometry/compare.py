@@ -23,7 +23,8 @@ from torch import Tensor
 from .analysis import Analysis
 from .errors import TLGeometryError
 from .io import head_name
-from .taxonomy import REGIMES, VOTES
+from .taxonomy import REGIMES
+from .votes import VOTES
 
 __all__ = ["Comparison", "compare", "differing_settings"]
 

@@ -42,7 +42,7 @@ from .regime import (
 )
 from .selection import first_visible
 from .sink import f_by_sink, sink_geometry, value_sink_statistics
-from .taxonomy import offset_counts, votes_from_winners, winner_sources
+from .votes import offset_counts, votes_from_winners, winner_sources
 
 __all__ = ["LayerMeasures", "RandomDraws", "Workspace", "measure_layer", "PER_KV_FIELDS"]
 
