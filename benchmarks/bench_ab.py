@@ -77,7 +77,7 @@ def main() -> None:
         if args.protocol == "random":
             tokens = _tokens(model, args.windows, args.length)
         elif args.protocol == "cli":
-            from tl_geometry.corpus import load_corpus, make_windows
+            from tl_geometry.capture.corpus import load_corpus, make_windows
 
             tokens = make_windows(model, load_corpus("python-reference"), 256, args.windows, 0).tokens
             variants = {"last": {}}

@@ -138,7 +138,7 @@ def _print_busy(busy: dict) -> None:
 def cli_rows() -> dict:
     """The analysis call of ``tl-geometry analyze`` (its defaults) against plain forwards of its windows."""
     import tl_geometry as tlg
-    from tl_geometry.corpus import load_corpus, make_windows
+    from tl_geometry.capture.corpus import load_corpus, make_windows
 
     model = tlg.load_model("smollm2-135m")
     windows = make_windows(model, load_corpus("python-reference"), 256, 64, 0).tokens

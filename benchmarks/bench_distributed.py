@@ -24,7 +24,7 @@ def _child() -> None:
     import torch
 
     import tl_geometry as tlg
-    from tl_geometry.distributed import init_from_env
+    from tl_geometry.run.distributed import init_from_env
 
     torch.set_grad_enabled(False)
     rank, size = init_from_env()

@@ -39,7 +39,7 @@ def main() -> None:
     import torch
 
     import tl_geometry as new
-    from tl_geometry.adapters import describe_model, sequence_nll
+    from tl_geometry.capture.adapters import describe_model, sequence_nll
 
     from .bench_analysis import _tokens
 

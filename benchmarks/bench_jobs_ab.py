@@ -77,7 +77,7 @@ def main() -> None:
 def _jobs(args, tlg) -> dict:
     """Each job of ``tlg`` (a package: this tree or the earlier commit) as a call, its inputs made."""
     import tl_geometry as new
-    from tl_geometry.corpus import make_windows
+    from tl_geometry.capture.corpus import make_windows
 
     model = new.load_model(args.model)
     analysis = tlg.analyze(model, make_windows(model, "python-reference", 256, 2, 0).tokens, progress=False)

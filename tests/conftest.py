@@ -26,7 +26,7 @@ def smollm2():
 def finished_run(tmp_path):
     """A real finished run folder of a tiny model (the settings a CLI run writes)."""
     import tl_geometry as tlg
-    from tl_geometry.run_folder import RunFolder
+    from tl_geometry.run.run_folder import RunFolder
 
     from .tiny import random_tokens, tiny_model
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.adapters import (
+from tl_geometry.capture.adapters import (
     _sliding_windows,
     align_value_heads,
     describe_model,
@@ -18,9 +18,9 @@ from tl_geometry.adapters import (
     stream_layers,
     unexplained_window,
 )
-from tl_geometry.analysis import analyze
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.interventions import mean_nll
+from tl_geometry.intervene.interventions import mean_nll
+from tl_geometry.run.analysis import analyze
 
 from .tiny import random_tokens, tiny_bridge, tiny_hooked, tiny_windowed
 

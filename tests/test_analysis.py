@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-import tl_geometry.analysis as analysis_module
-from tl_geometry.adapters import describe_model
+import tl_geometry.run.analysis as analysis_module
+from tl_geometry.capture.adapters import describe_model
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.votes import vote_counts
+from tl_geometry.measure.votes import vote_counts
 
 from .inputs import FEW_VOTES_WARNING
 from .oracle import oracle_separability
@@ -67,8 +67,8 @@ def test_texts_are_tokenised_with_bos_and_right_padding(smollm2):
 
 _KILLED_RUN = """
 import time, torch, tl_geometry as tlg
-import tl_geometry.analysis as analysis_module
-from tl_geometry.adapters import describe_model
+import tl_geometry.run.analysis as analysis_module
+from tl_geometry.capture.adapters import describe_model
 from tests.tiny import tiny_model, random_tokens
 real = analysis_module.stream_layers
 def slow(*args, **kwargs):
@@ -162,8 +162,8 @@ def test_unmeasurable_n_warns_with_the_reason():
 
 
 def test_the_model_is_described_once_per_analysis(monkeypatch):
-    import tl_geometry.adapters as adapters
-    import tl_geometry.analysis as analysis_module
+    import tl_geometry.capture.adapters as adapters
+    import tl_geometry.run.analysis as analysis_module
 
     calls = []
     real = adapters.describe_model
@@ -320,7 +320,7 @@ def test_sliding_window_layers_are_measured_over_the_sources_their_queries_see(s
     sinkless = table.set_index("name")["share_sinkless"]  # the label's basis: 11 of each windowed head's 17 votes
     assert sinkless["L2H0"] == 11 / 17 and sinkless["L1H0"] == (11 / 17 if 1 in windows else 0)
     assert table.attrs["bos"] == "every window starts with BOS" and table.attrs["windows_without_bos"] == []
-    from tl_geometry.report import attention_notes
+    from tl_geometry.present.report import attention_notes
 
     notes = attention_notes(res)
     assert notes[0].startswith("Every window starts with BOS") and "sliding window of 4 positions" in notes[1]
@@ -381,7 +381,7 @@ def test_extra_columns_join_by_head_and_regime_means_equal_a_groupby():
 
 
 def test_dominant_offset_is_missing_where_a_head_has_no_other_vote():
-    from tl_geometry.taxonomy import HeadTaxonomy
+    from tl_geometry.label.taxonomy import HeadTaxonomy
 
     res = tlg.analyze(tiny_model(4, 2), random_tokens(2, 8, seed=1), (1, 2), repeats=1, bootstrap=5, progress=False)
     offsets = torch.zeros_like(res.taxonomy.offsets)
@@ -394,7 +394,7 @@ def test_dominant_offset_is_missing_where_a_head_has_no_other_vote():
 def test_columns_fixed_by_the_definition_only_on_request():
     """Euclidean N = 1: F of the aggregate itself is 1 (the gap 0) unless contributions coincide;
     cosine runs keep their N = 1 columns, which are measured."""
-    from tl_geometry.analysis import FIXED_AT_ONE
+    from tl_geometry.run.analysis import FIXED_AT_ONE
 
     model, tokens = tiny_model(4, 2), random_tokens(2, 10, seed=2)
     res = tlg.analyze(model, tokens, (1, 2), repeats=2, bootstrap=5, progress=False)

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from tl_geometry.adapters import LayerAttention
+from tl_geometry.capture.adapters import LayerAttention
 from tl_geometry.config import RunConfig
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.layer_measures import measure_layer
-from tl_geometry.metrics import separability
-from tl_geometry.query_rows import squared_norm_limit
-from tl_geometry.regime import sink_aware_bounds
+from tl_geometry.measure.layer_measures import measure_layer
+from tl_geometry.measure.metrics import separability
+from tl_geometry.measure.query_rows import squared_norm_limit
+from tl_geometry.measure.regime import sink_aware_bounds
 
 NEIGHBOURS = 3  # floats checked on each side of the switch
 

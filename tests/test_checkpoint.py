@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.checkpoint import KeyedCheckpoint
 from tl_geometry.errors import TLGeometryError
+from tl_geometry.run.checkpoint import KeyedCheckpoint
 
 from .test_run_folder import snapshot
 from .tiny import random_tokens, tiny_model, tiny_streamable

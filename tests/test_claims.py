@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 import torch
 
-from tl_geometry.analysis import Analysis
-from tl_geometry.claims import claims_table
-from tl_geometry.geometry import GeometryResult
-from tl_geometry.taxonomy import HeadTaxonomy
+from tl_geometry.label.taxonomy import HeadTaxonomy
+from tl_geometry.present.claims import claims_table
+from tl_geometry.run.analysis import Analysis
+from tl_geometry.run.geometry import GeometryResult
 
 NS = (1, 2, 4, 8, 16)
 SEQ, LAYERS, HEADS = 2, 2, 5

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tl_geometry.cli import build_parser, main
+from tl_geometry.cli.commands import build_parser, main
 from tl_geometry.errors import TLGeometryError
 
 from .test_run_folder import snapshot
@@ -109,7 +109,7 @@ def _held(folder):
     from .tiny import random_tokens, tiny_model
 
     tlg.analyze(tiny_model(4, 2), random_tokens(2, 8), 1, repeats=1, bootstrap=2, progress=False).save(folder)
-    code = (f"from tl_geometry.run_folder import RunFolder\nimport time\n"
+    code = (f"from tl_geometry.run.run_folder import RunFolder\nimport time\n"
             f"with RunFolder({str(folder)!r}).writing():\n    print('held', flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "held"
@@ -142,7 +142,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, capsys, tmp_path
 
 
 def test_a_real_bug_keeps_its_traceback(monkeypatch):
-    import tl_geometry.cli as cli
+    import tl_geometry.cli.commands as cli
 
     def broken(args):
         raise RuntimeError("a bug")
@@ -156,7 +156,7 @@ def test_a_real_bug_keeps_its_traceback(monkeypatch):
 
 @pytest.mark.parametrize(("command", "advice"), [("analyze", "--resume"), ("prune", "the single-head scan continues")])
 def test_interrupt_advice_fits_the_command(command, advice, capsys, monkeypatch):
-    import tl_geometry.cli as cli
+    import tl_geometry.cli.commands as cli
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -182,7 +182,7 @@ def test_every_option_has_help_and_shows_its_default():
 
 
 def test_paper_protocol_sets_the_published_setting_and_flags_override_it(monkeypatch):
-    import tl_geometry.cli as cli
+    import tl_geometry.cli.commands as cli
 
     seen = {}
 
@@ -247,7 +247,7 @@ def test_analyze_writes_results(capsys, smollm2, tmp_path):
 def test_interrupted_analyze_resumes_to_identical_results(capsys, smollm2, tmp_path, monkeypatch):
     import pandas as pd
 
-    import tl_geometry.analysis as analysis_module
+    import tl_geometry.run.analysis as analysis_module
 
     args = ["analyze", "--windows", "4", "--seq-len", "24", "--n", "1,2", "--repeats", "2", "--batch-size", "1", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
@@ -314,7 +314,7 @@ def test_report_refuses_a_malformed_derived_table(capsys, tmp_path):
     import pandas as pd
 
     import tl_geometry as tlg
-    from tl_geometry.run_folder import RunFolder
+    from tl_geometry.run.run_folder import RunFolder
 
     from .tiny import random_tokens, tiny_model
 
@@ -364,7 +364,7 @@ def test_a_new_analysis_replaces_the_old_one_and_what_came_from_it(capsys, smoll
 def test_model_flags_reach_load_model(monkeypatch, capsys, tmp_path):
     import torch
 
-    import tl_geometry.models as models
+    import tl_geometry.capture.models as models
 
     seen = {}
 
@@ -428,7 +428,7 @@ def test_a_settings_file_edited_by_hand_is_named(finished_run, capsys):
 
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_folder(finished_run, capsys):
-    from tl_geometry.run_folder import RunFolder
+    from tl_geometry.run.run_folder import RunFolder
 
     with RunFolder(finished_run.path).writing():  # another process's analysis or prune, still running
         before = snapshot(finished_run.path)
@@ -445,14 +445,14 @@ def test_an_n1_gap_is_explained_only_when_it_shows(gap, said, monkeypatch):
 
     import pandas as pd
 
-    from tl_geometry.cli import _say_results
+    from tl_geometry.cli.commands import _say_results
 
     summary = pd.DataFrame({"n": [1, 2], "f_top": [1.0, 0.7], "f_top_low": [1.0, 0.6], "f_top_high": [1.0, 0.8],
                             "f_random": [1.0 - gap, 0.3], "gap": [gap, 0.4], "gap_low": [gap, 0.3], "gap_high": [gap, 0.5]})
     fractions = pd.DataFrame({"retriever": [0.1], "mixer": [0.3], "reset": [0.6]})
     analysis = SimpleNamespace(geometry=SimpleNamespace(summary=lambda: summary, not_measurable=lambda: []),
                                taxonomy=SimpleNamespace(fractions=lambda: fractions))
-    monkeypatch.setattr("tl_geometry.report.attention_notes", lambda analysis: [])  # a stand-in analysis
+    monkeypatch.setattr("tl_geometry.present.report.attention_notes", lambda analysis: [])  # a stand-in analysis
     lines = []
     _say_results(analysis, "last", lines.append)
     assert any("N=1 gap above 0" in line for line in lines) == said
@@ -467,7 +467,7 @@ def test_stream_fills_the_run_and_its_report(capsys, smollm2, tmp_path):
                  "--quiet"]) == 0
     args = ["stream", str(out), "--windows", "1", "--seq-len", "32", "--window", "8", "--sink", "2",
             "--orders", "taxonomy,random,oracle", "--fractions", "0.5,1", "--seeds", "1", "--quiet"]
-    from tl_geometry.checkpoint import KeyedCheckpoint
+    from tl_geometry.run.checkpoint import KeyedCheckpoint
 
     # A checkpoint that cannot be resumed (another job's) is removed, as analyze removes an earlier run's.
     KeyedCheckpoint(out / "stream_checkpoint.safetensors", {"other": 1}, "single-head scan").save({})
@@ -521,7 +521,7 @@ def test_lengths_past_the_context_are_refused_before_any_work(finished_run, caps
 def test_threads_hold_for_the_command_and_are_restored(monkeypatch, tmp_path):
     import torch
 
-    import tl_geometry.cli as cli
+    import tl_geometry.cli.commands as cli
 
     seen = []
     monkeypatch.setattr(cli, "_stream", lambda args: seen.append(torch.get_num_threads()))

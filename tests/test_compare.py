@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.analysis import Analysis
-from tl_geometry.cli import main
+from tl_geometry.cli.commands import main
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.run_folder import RunFolder
-from tl_geometry.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.label.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.run.analysis import Analysis
+from tl_geometry.run.run_folder import RunFolder
 
 from .tiny import random_tokens, tiny_model
 

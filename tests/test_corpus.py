@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_geometry.corpus import Corpus, load_corpus, make_windows
+from tl_geometry.capture.corpus import Corpus, load_corpus, make_windows
 from tl_geometry.errors import TLGeometryError
 
 

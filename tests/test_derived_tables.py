@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 import tl_geometry as tlg
-from tl_geometry.cli import main
+from tl_geometry.cli.commands import main
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.report import derived_results
+from tl_geometry.present.report import derived_results
 
 from .test_run_folder import snapshot
 

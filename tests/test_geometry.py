@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_geometry.adapters import read_layer
-from tl_geometry.analysis import analyze
-from tl_geometry.geometry import (
+from tl_geometry.capture.adapters import read_layer
+from tl_geometry.measure.layer_measures import RandomDraws
+from tl_geometry.measure.metrics import separability
+from tl_geometry.measure.sink import f_by_sink, sink_geometry
+from tl_geometry.run.analysis import analyze
+from tl_geometry.run.geometry import (
     SINK_HEAD_METRICS,
     SINK_N_METRICS,
     GeometryResult,
     bootstrap_ci,
     window_key,
 )
-from tl_geometry.layer_measures import RandomDraws
-from tl_geometry.metrics import separability
-from tl_geometry.sink import f_by_sink, sink_geometry
 
 from .tiny import random_tokens, tiny_model
 

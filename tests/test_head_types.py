@@ -1,4 +1,4 @@
-"""TransformerLens's head-type scores beside the regimes (tl_geometry.head_types)."""
+"""TransformerLens's head-type scores beside the regimes (tl_geometry.label.head_types)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 
 import tl_geometry as tlg
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.head_types import HEAD_TYPES, HeadTypes, _scores, head_types, repeated_random_tokens
-from tl_geometry.taxonomy import HeadTaxonomy
+from tl_geometry.label.head_types import HEAD_TYPES, HeadTypes, _scores, head_types, repeated_random_tokens
+from tl_geometry.label.taxonomy import HeadTaxonomy
 
 from .tiny import random_tokens
 
@@ -33,7 +33,7 @@ def test_scores_equal_transformer_lens_per_head_scores(tiny_model):
     types = head_types(tiny_model, length=15, seed=1)
     tokens = repeated_random_tokens(tiny_model, length=15, seed=1)
     _, cache = tiny_model.run_with_cache(tokens)
-    from tl_geometry.head_types import _detection_patterns
+    from tl_geometry.label.head_types import _detection_patterns
 
     patterns = _detection_patterns(tokens).float()
     for layer in range(types.shape[0]):

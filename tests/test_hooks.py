@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 import tl_geometry as tlg
-from tl_geometry.hooks import foreign_hooks
+from tl_geometry.capture.hooks import foreign_hooks
 
 from .inputs import FEW_VOTES_WARNING
 from .tiny import random_tokens

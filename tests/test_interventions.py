@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.interventions import (
+from tl_geometry.intervene.interventions import (
     ablate_heads,
     ablate_regime,
     head_importance,
@@ -20,7 +20,7 @@ from tl_geometry.interventions import (
     taxonomy_importance,
     topn_deletion,
 )
-from tl_geometry.taxonomy import HeadTaxonomy
+from tl_geometry.label.taxonomy import HeadTaxonomy
 
 from .tiny import random_tokens
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_geometry.adapters import LayerAttention
+from tl_geometry.capture.adapters import LayerAttention
 from tl_geometry.config import RunConfig
-from tl_geometry.layer_measures import RandomDraws, measure_layer
+from tl_geometry.measure.layer_measures import RandomDraws, measure_layer
 
 from .inputs import random_attention
 
@@ -114,7 +114,7 @@ def test_fused_winners_equal_the_loop_oracle_with_ties_and_signed_zeros(dtype):
 
 
 def test_a_workspace_reused_across_layers_of_other_shapes_changes_nothing():
-    from tl_geometry.layer_measures import Workspace
+    from tl_geometry.measure.layer_measures import Workspace
 
     config = RunConfig(n=(1, 2, 3))
     small, large = layer(pos=9, lengths=[9, 6]), layer(batch=3, pos=14, seed=2)

@@ -10,9 +10,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tl_geometry import metrics, query_rows
-from tl_geometry.metrics import inversion_bounds, random_separability, separability
-from tl_geometry.selection import top_order
+from tl_geometry.measure import metrics, query_rows
+from tl_geometry.measure.metrics import inversion_bounds, random_separability, separability
+from tl_geometry.measure.selection import top_order
 
 from .inputs import random_attention
 from .oracle import oracle_separability

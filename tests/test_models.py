@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tl_geometry import models
+from tl_geometry.capture import models
 
 
 def test_missing_package_error_prints_install_command(monkeypatch):
@@ -90,7 +90,7 @@ def test_real_gemma3_loads_and_streams():
     assert bool(seen[0].has_bos.all())
     # Gemma 3: five sliding-window layers (512 positions) to each global one, as the adapters read
     # them and as the attention behaves: past 512 tokens a local layer's last query sees 512 keys
-    from tl_geometry.adapters import describe_model, unexplained_window
+    from tl_geometry.capture.adapters import describe_model, unexplained_window
 
     globals_ = (5, 11, 17)
     info = describe_model(model)

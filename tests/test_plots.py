@@ -14,7 +14,7 @@ import torch
 import tl_geometry as tlg
 from tl_geometry import plots
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.taxonomy import REGIMES
+from tl_geometry.label.taxonomy import REGIMES
 
 from .tiny import random_tokens, tiny_model
 

@@ -7,8 +7,8 @@ import torch
 
 from tests.oracle import oracle_separability
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.metrics import separability
-from tl_geometry.query_rows import prepare_separability, query_rows, row_sum_tolerance
+from tl_geometry.measure.metrics import separability
+from tl_geometry.measure.query_rows import prepare_separability, query_rows, row_sum_tolerance
 
 
 def _softmax_rows(dtype, batch=2, heads=2, pos=48, seed=0):

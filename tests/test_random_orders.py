@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tl_geometry import _engine as engine
-from tl_geometry.random_orders import random_top_orders
+from tl_geometry.measure.random_orders import random_top_orders
 
 
 @pytest.mark.parametrize("window", [None, 1, 5])

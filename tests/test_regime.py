@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_geometry.metrics import inversion_bounds, separability
-from tl_geometry.regime import fit_regime, regime_envelope, sink_aware_bounds, unit_roundoff
+from tl_geometry.measure.metrics import inversion_bounds, separability
+from tl_geometry.measure.regime import fit_regime, regime_envelope, sink_aware_bounds, unit_roundoff
 
 from .inputs import random_attention
 
@@ -86,7 +86,7 @@ def test_small_n_prediction_with_decaying_attention(monkeypatch):
     # (Theorems 1 and 2) are perfect at N ≤ 2 and say nothing beyond the trivial value at larger N;
     # Theorem 3's per-row statistics (the largest |cos| of the row's own top-4 set, not of every
     # pair of the prefix) still say something at N = 4
-    import tl_geometry.regime as regime
+    import tl_geometry.measure.regime as regime
 
     pos, d = 12, 1024
     weights = 0.5 ** torch.arange(pos, dtype=torch.float64)
@@ -193,7 +193,7 @@ def test_minus_infinity_scores_select_as_in_separability():
 
 def test_inversion_recall_certificate_is_correctly_rounded():
     # N = 3, GInv = 2: 1 − 2/3 rounds to 0.33333333333333337, one ulp above the measured 1/3
-    from tl_geometry.metrics import Separability
+    from tl_geometry.measure.metrics import Separability
 
     inv = torch.tensor([2.0, 0.0, 7.0, torch.nan], dtype=torch.float64).view(1, 1, 4, 1)
     sep = Separability(n=(3,), precision=inv, recall=inv, f=inv, margin=inv, inversions=inv,
@@ -206,7 +206,7 @@ def test_inversion_recall_certificate_is_correctly_rounded():
 def test_corollary_1_needs_constant_norms_and_theorem_2_does_not(monkeypatch):
     # orthogonal values with norms (1, 1, 2, 1): P = R = 1; Theorem 1 alone certifies 0.5 and 0
     # (c_lo² and c_hi² enter L_j and U_i), Theorem 2 on the directions certifies what is measured
-    import tl_geometry.regime as regime
+    import tl_geometry.measure.regime as regime
 
     v = (torch.eye(4, dtype=torch.float64) * torch.tensor([1.0, 1, 2, 1], dtype=torch.float64))[None, :, None]
     pattern = torch.tensor([[1, 0, 0, 0], [.5, .5, 0, 0], [.4, .3, .3, 0], [.1, .4, .3, .2]], dtype=torch.float64)
@@ -370,7 +370,7 @@ def test_theorem_3_equals_the_loop_oracle(seed, pos, d, shared, temperature, exc
     # inputs put every non-sink value on one line, where exact ties are decided by the slacks)
     from unittest import mock
 
-    import tl_geometry.regime as regime
+    import tl_geometry.measure.regime as regime
 
     from .oracle import oracle_row_bounds
 
@@ -410,7 +410,7 @@ def per_row_family(seed: int, dtype=torch.float64):
 def test_theorem_3_is_informative_on_the_per_row_family(monkeypatch, dtype):
     # the head-level statistics pay for the duplicated pair in every row after it; the per-row
     # ones only where it is in play: N = 2 informative in at least half of the rows (0 before)
-    import tl_geometry.regime as regime
+    import tl_geometry.measure.regime as regime
 
     pattern, v = per_row_family(0, dtype)
     ns = (1, 2, 4)

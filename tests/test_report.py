@@ -13,8 +13,8 @@ import torch
 
 import tl_geometry as tlg
 from tl_geometry import plots
-from tl_geometry.interventions import TopNDeletion
-from tl_geometry.report import build_report, script_safe_json, write_report
+from tl_geometry.intervene.interventions import TopNDeletion
+from tl_geometry.present.report import build_report, script_safe_json, write_report
 
 from .tiny import random_tokens, tiny_model
 

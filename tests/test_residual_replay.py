@@ -1,4 +1,4 @@
-"""Evaluations from the first changed layer equal full forwards (tl_geometry.residual_replay)."""
+"""Evaluations from the first changed layer equal full forwards (tl_geometry.intervene.residual_replay)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.adapters import sequence_nll
+from tl_geometry.capture.adapters import sequence_nll
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.residual_replay import ReplayedForwards, _kept_layers, first_changed_layer
+from tl_geometry.intervene.residual_replay import ReplayedForwards, _kept_layers, first_changed_layer
 
 from .tiny import MODEL_FACTORIES, random_tokens, tiny_windowed
 
@@ -99,7 +99,7 @@ def test_sliding_window_layers_replay_too():
 
 @pytest.mark.slow
 def test_replay_on_smollm2_equals_full_forwards(smollm2):
-    from tl_geometry.corpus import make_windows
+    from tl_geometry.capture.corpus import make_windows
 
     tokens = make_windows(smollm2, "python-reference", seq_len=64, n_windows=2, seed=0).tokens
     replay = ReplayedForwards(smollm2, tokens)

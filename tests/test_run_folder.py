@@ -11,7 +11,7 @@ import torch
 
 import tl_geometry as tlg
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.run_folder import RunFolder
+from tl_geometry.run.run_folder import RunFolder
 
 from .tiny import random_tokens, tiny_model
 
@@ -143,7 +143,7 @@ def test_the_manifest_comes_last_and_readers_check_it(tmp_path, two_analyses, mo
     assert run.is_finished and not run.is_interrupted
     run.verify()
     # A crash between the two result files: no manifest, so not finished; readers say so.
-    from tl_geometry.taxonomy import HeadTaxonomy
+    from tl_geometry.label.taxonomy import HeadTaxonomy
 
     def crash(self, path):
         raise KeyboardInterrupt
@@ -183,7 +183,7 @@ def test_a_dead_writer_leaves_no_lock(tmp_path):
     import subprocess
     import sys
 
-    code = ("from tl_geometry.run_folder import RunFolder; import os\n"
+    code = ("from tl_geometry.run.run_folder import RunFolder; import os\n"
             f"w = RunFolder({str(tmp_path / 'run')!r}).writing(); w.__enter__(); os._exit(1)")
     subprocess.run([sys.executable, "-c", code], check=False)
     assert (tmp_path / "run" / ".tl-geometry.writer").read_text().startswith("tl-geometry pid")
@@ -278,7 +278,7 @@ def test_save_refuses_in_one_line_and_changes_nothing(case, tmp_path, two_analys
 
 
 def test_a_saved_analysis_is_a_finished_run_for_every_command(tmp_path, two_analyses, capsys):
-    from tl_geometry.cli import main
+    from tl_geometry.cli.commands import main
 
     first, second = two_analyses
     first.save(tmp_path / "a")
@@ -305,7 +305,7 @@ def test_save_replaces_only_on_request_and_only_what_tl_geometry_wrote(tmp_path,
 
 
 def test_report_leaves_a_folder_from_before_markers_as_it_was(tmp_path, two_analyses, capsys):
-    from tl_geometry.cli import main
+    from tl_geometry.cli.commands import main
 
     legacy_save(two_analyses[0], tmp_path / "old")
     assert main(["report", str(tmp_path / "old")]) == 0
@@ -323,8 +323,8 @@ def test_the_cli_imports_and_locks_without_fcntl(tmp_path, two_analyses):
     legacy_save(two_analyses[0], tmp_path / "old")  # written without any lock
     code = ("import sys, warnings; sys.modules['fcntl'] = None; warnings.simplefilter('ignore')\n"
             "import tl_geometry as tlg\n"
-            "from tl_geometry.cli import main\n"
-            "from tl_geometry.run_folder import RunFolder\n"
+            "from tl_geometry.cli.commands import main\n"
+            "from tl_geometry.run.run_folder import RunFolder\n"
             f"tlg.Analysis.load({str(tmp_path / 'old')!r}).save({str(tmp_path / 'run')!r})\n"
             f"assert main(['report', {str(tmp_path / 'run')!r}]) == 0\n"
             f"with RunFolder({str(tmp_path / 'run')!r}).writing():\n"

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from tl_geometry.metrics import separability
-from tl_geometry.sink import f_by_sink, sink_geometry
+from tl_geometry.measure.metrics import separability
+from tl_geometry.measure.sink import f_by_sink, sink_geometry
 
 from .inputs import random_attention
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.interventions import ablate_heads, mean_nll
-from tl_geometry.streaming import kv_head_needs, streaming_curve, taxonomy_need
-from tl_geometry.taxonomy import HeadTaxonomy
+from tl_geometry.intervene.interventions import ablate_heads, mean_nll
+from tl_geometry.intervene.streaming import kv_head_needs, streaming_curve, taxonomy_need
+from tl_geometry.label.taxonomy import HeadTaxonomy
 
 from .tiny import random_tokens, tiny_streamable
 
@@ -74,7 +74,7 @@ def test_taxonomy_need_counts_winners_beyond_the_window():
 
 
 def test_a_checkpoint_resumes_without_evaluating_again(model, tokens, tmp_path, monkeypatch):
-    import tl_geometry.streaming as streaming
+    import tl_geometry.intervene.streaming as streaming
 
     path = tmp_path / "stream.json"
     kwargs = dict(fractions=(0.5,), window=4, sink=1, orders=("oracle", "random"), seeds=1, progress=False,
@@ -113,7 +113,7 @@ def test_another_models_analysis_is_refused(model, tokens):
 
 
 def test_the_table_gives_the_curves_back(curve):
-    from tl_geometry.streaming import StreamingCurve
+    from tl_geometry.intervene.streaming import StreamingCurve
 
     again = StreamingCurve.from_dataframe(curve.to_dataframe())
     assert again.fractions == curve.fractions and again.settings["window"] == 4

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tl_geometry.taxonomy import HeadTaxonomy
-from tl_geometry.votes import offset_counts, vote_counts, winner_sources
+from tl_geometry.label.taxonomy import HeadTaxonomy
+from tl_geometry.measure.votes import offset_counts, vote_counts, winner_sources
 
 
 def _taxonomy(pattern, v, **kw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_geometry.votes import vote_counts, winner_sources
+from tl_geometry.measure.votes import vote_counts, winner_sources
 
 from .inputs import random_attention
 

@@ -9,16 +9,12 @@ draws. docs/api.md lists every name below with one line.
 >>> model = tlg.load_model("smollm2-135m")   # doctest: +SKIP
 """
 
-from . import plots
-from .adapters import LayerAttention, names_filter, read_layer, stream_layers
-from .analysis import Analysis, analyze, tokenize_texts
 from .backend import Backend
-from .compare import Comparison, compare
+from .capture.adapters import LayerAttention, names_filter, read_layer, stream_layers
+from .capture.models import load_model
 from .config import AblationMode, Distance, ImportanceMethod, Queries, Ranking, RunConfig
 from .errors import TLGeometryError
-from .geometry import GeometryResult
-from .head_types import HeadTypes, head_types
-from .interventions import (
+from .intervene.interventions import (
     HeadAblation,
     ablate_heads,
     ablate_regime,
@@ -27,12 +23,16 @@ from .interventions import (
     single_head_scan,
     topn_deletion,
 )
-from .metrics import Separability, inversion_bounds, random_separability, separability
-from .models import load_model
-from .regime import RegimeFit, SinkAwareBounds, fit_regime, sink_aware_bounds
-from .sink import SinkGeometry, sink_geometry
-from .streaming import StreamingCurve, streaming_curve
-from .taxonomy import REGIMES, HeadTaxonomy
+from .intervene.streaming import StreamingCurve, streaming_curve
+from .label.head_types import HeadTypes, head_types
+from .label.taxonomy import REGIMES, HeadTaxonomy
+from .measure.metrics import Separability, inversion_bounds, random_separability, separability
+from .measure.regime import RegimeFit, SinkAwareBounds, fit_regime, sink_aware_bounds
+from .measure.sink import SinkGeometry, sink_geometry
+from .present import plots
+from .run.analysis import Analysis, analyze, tokenize_texts
+from .run.compare import Comparison, compare
+from .run.geometry import GeometryResult
 
 __version__ = "0.1.0"
 

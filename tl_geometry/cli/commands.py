@@ -1,0 +1,581 @@
+"""The ``tl-geometry`` command line.
+
+``tl-geometry analyze`` cuts windows from a corpus, streams the model once over them and
+writes per-head separability (top-N vs random), sink diagnostics, regime certificates and the
+head taxonomy into a run folder (:class:`~tl_geometry.run_folder.RunFolder`). Every input is
+checked before the model loads where it can be, and before the forward otherwise. A user error
+(:class:`~tl_geometry.errors.TLGeometryError`) is one line on stderr and exit status 2; anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+from ..errors import TLGeometryError
+from ..io import atomic_path
+from ..run.run_folder import RunFolder
+
+__all__ = ["main"]
+
+
+def _parse_n(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise TLGeometryError(f"--n must be comma-separated integers, e.g. 1,2,4,8; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise TLGeometryError(f"--n values must be integers ≥ 1; got {text!r}")
+    return values
+
+
+def _parse_repeats(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise TLGeometryError(f"--repeats must be 'auto' or an integer ≥ 0; got {text!r}") from None
+
+
+# Window length, query protocol, N ladder and random rankings of each protocol; explicit flags win.
+PROTOCOLS = {
+    "default": {"seq_len": 256, "queries": "last", "n": "1,2,4,8,16,32", "repeats": "auto"},
+    "paper": {"seq_len": 1024, "queries": "last", "n": "1,2,4,8,16,32", "repeats": "16"},
+}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: …)`` except for options whose default comes from ``--protocol``."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def _apply_protocol(args: argparse.Namespace) -> None:
+    for name, value in PROTOCOLS[args.protocol].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise TLGeometryError(f"{flag} must be ≥ 1; got {value}")
+
+
+def _drilldowns(model, analysis, windows) -> dict[str, str]:
+    """Drill-down figures (JSON by regime) of the most confident head of each regime on the first
+    window, saved so ``tl-geometry report`` can rebuild the page without the model."""
+    from ..label.taxonomy import REGIMES
+    from ..present.plots import head_drilldown
+    from ..run.analysis import tokenize_texts
+
+    text = model.tokenizer.decode(windows.tokens[0, 1:65].tolist())
+    n = min(4, tokenize_texts(model, [text])[0].shape[1] - 1)  # N < the sources of the last query
+    if n < 1:
+        return {}
+    tax = analysis.taxonomy
+    figures = {}
+    for i, regime in enumerate(REGIMES):
+        chosen = tax.label_ids == i
+        if not bool(chosen.any()):
+            continue
+        confidence = tax.shares[..., i].where(chosen, -1.0)
+        layer, head = divmod(int(confidence.flatten().argmax()), tax.shape[1])
+        fig = head_drilldown(model, text, layer, head, n=n)
+        fig.update_layout(title=f"{regime}: {fig.layout.title.text}<br><sup>{analysis.head_profile((layer, head))}</sup>")
+        figures[regime] = fig.to_json()
+    return figures
+
+
+def _report_parts(run: RunFolder, say=print) -> dict:
+    """What report.html is built from, read from the files of a run folder (no model needed);
+    derived tables of another analysis are left out, with a word."""
+    from ..present.report import derived_results
+    from ..run.analysis import Analysis
+
+    analysis = Analysis.load(run.path)
+    extras, left_out = derived_results(run, analysis)
+    for name, why in left_out.items():
+        say(f"left out of the report: {name} ({why})")
+    settings = analysis.geometry.settings
+    title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
+    return dict(analysis=analysis, title=title, drilldowns=run.read_drilldowns(), **extras)
+
+
+def _write_report(run: RunFolder, say=print, parts: dict | None = None) -> Path:
+    """report.html of a run folder, from ``parts`` when the caller has read them already."""
+    from ..present.report import write_report
+
+    return write_report(path=run.report, **(_report_parts(run, say) if parts is None else parts))
+
+
+def _check_model_flags(args: argparse.Namespace, bundled: bool) -> None:
+    """The model flags, before the model loads: a device this machine has, placement flags only
+    where they apply (hub models), a positive device count."""
+    import torch
+
+    if args.device:
+        try:
+            device = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise TLGeometryError(f"--device {args.device!r} is not a device: use cpu, cuda, cuda:1 or mps") from None
+        available = ["cpu"]
+        if torch.cuda.is_available():
+            available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            available.append("mps")
+        if device.type not in ("cpu", "cuda", "mps") or str(device) not in available:
+            raise TLGeometryError(f"--device {args.device!r} is not available on this machine (it has: "
+                                  f"{', '.join(available)})")
+    if args.n_devices is not None and args.n_devices < 1:
+        raise TLGeometryError(f"--n-devices must be ≥ 1; got {args.n_devices}")
+    if bundled and (args.device_map or args.n_devices):
+        flag = "--device-map" if args.device_map else "--n-devices"
+        raise TLGeometryError(f"{flag} applies to Hugging Face hub models; the bundled {args.model} loads on one "
+                              "device (use --device)")
+
+
+def _model_options(args: argparse.Namespace) -> dict:
+    """Device, dtype and multi-device placement flags for ``load_model``."""
+    import torch
+
+    options: dict = {"dtype": {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]}
+    if args.device:
+        options["device"] = args.device
+    if args.device_map:
+        options["device_map"] = args.device_map
+    if args.n_devices:
+        options["n_devices"] = args.n_devices
+    return options
+
+
+def _check_model_name(name: str) -> None:
+    from ..capture.models import BUNDLED_MODELS
+
+    if name not in BUNDLED_MODELS and "/" not in name:
+        raise TLGeometryError(f"unknown model {name!r}: use one of {', '.join(BUNDLED_MODELS)} or a Hugging Face name")
+
+
+def _default_out(args: argparse.Namespace) -> str:
+    """``runs/<model>-<corpus>``, plus what sets this run apart from the defaults (dtype, window
+    length, queries, seed), so runs with other settings do not meet in one folder."""
+    name = f"{Path(str(args.model)).name}-{Path(str(args.corpus)).stem}"
+    extras = [args.dtype if args.dtype != "float32" else "",
+              f"len{args.seq_len}" if args.seq_len != PROTOCOLS["default"]["seq_len"] else "",
+              f"{args.queries}-queries" if args.queries != "last" else "",
+              f"seed{args.seed}" if args.seed != 0 else ""]
+    return "runs/" + "-".join([name, *(extra for extra in extras if extra)])
+
+
+def _say_results(analysis, queries: str, say) -> None:
+    """The terminal's summary of a finished analysis: F_N top-N vs random with intervals, what NaN
+    means, the regime shares."""
+    result = analysis.geometry
+    summary = result.summary()
+    say(f"\nF_N, all heads ({queries} queries; mean over sequences, 95% bootstrap CI):")
+    for row in summary.itertuples():
+        say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
+            f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
+    if any(row.n == 1 and abs(row.gap) >= 5e-4 for row in summary.itertuples()):  # visible at 3 decimals
+        say("  N=1 gap above 0: some contributions coincide (a random pick among them scores F = 0; in float16, "
+            "weights that underflow to 0 put their sources at the origin): docs/metrics.md#separability")
+    for reason in result.not_measurable():
+        say(f"  NaN means {reason}")
+    overall = analysis.taxonomy.fractions().iloc[-1]
+    say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
+    from ..present.report import attention_notes
+
+    for line in attention_notes(analysis):  # sliding windows, windows without BOS (all is well: nothing said)
+        if not line.startswith("Every window starts with BOS"):
+            say(f"  {line}")
+
+
+def _analyze(args: argparse.Namespace) -> None:
+    from ..capture.adapters import describe_model
+    from ..capture.corpus import load_corpus, make_windows
+    from ..capture.models import BUNDLED_MODELS, load_model
+    from ..config import RunConfig
+    from ..run.analysis import analyze
+    from ..run.distributed import barrier, init_from_env, shard_path
+
+    # Everything that can be checked without the model, before it loads and before the folder changes.
+    _apply_protocol(args)
+    _check_model_name(args.model)
+    _check_model_flags(args, args.model in BUNDLED_MODELS)
+    if args.seq_len < 2:
+        raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
+    _positive("--windows", args.windows)
+    _positive("--batch-size", args.batch_size)
+    ns = _parse_n(args.n)
+    if max(ns) >= args.seq_len:
+        raise TLGeometryError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: every N must be < the "
+                              "number of sources (lower --n or raise --seq-len)")
+    config = RunConfig(n=ns, queries=args.queries, repeats=_parse_repeats(args.repeats), seed=args.seed)
+    run = RunFolder(args.out or _default_out(args))
+    rank, world_size = init_from_env()  # under torchrun: windows are sharded over the ranks
+    if rank > 0:
+        args.quiet = True
+    say = (lambda *a: None) if args.quiet else print
+    run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)
+    corpus = load_corpus(args.corpus)
+
+    start = time.perf_counter()
+    model = load_model(args.model, **_model_options(args))
+    say(f"loaded {args.model} in {time.perf_counter() - start:.1f}s")
+    describe_model(model).check_length(args.seq_len)
+    windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
+    say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
+        f"({windows.skipped_documents} of the documents read too short)")
+    # The inputs are valid: from here one process writes the folder (rank 0 holds its lock).
+    with run.writing(elsewhere=True) if rank == 0 else contextlib.nullcontext():
+        if rank == 0:
+            run.check_new_analysis(overwrite=args.overwrite, resume=args.resume)  # again, under the lock
+        # The other ranks write only their checkpoint shards, and only once rank 0 has made the folder its own.
+        barrier()
+        own_checkpoint = shard_path(run.checkpoint, rank, world_size)
+        if args.resume and not own_checkpoint.is_file():
+            say(f"no checkpoint in {run.path}: starting from the first window")
+        if not args.resume and run.drop_stale_checkpoint(rank, world_size):
+            say(f"removed the checkpoint of an earlier interrupted run in {run.path} (pass --resume to continue one)")
+        started = time.perf_counter()
+        analysis = analyze(model, windows.tokens, config=config, batch_size=args.batch_size, checkpoint=run.checkpoint,
+                           progress=not args.quiet)
+        say(f"analysed {windows.tokens.numel()} tokens at {windows.tokens.numel() / (time.perf_counter() - started):.0f} "
+            "tokens/s (model forward included)")
+        if rank > 0:  # rank 0 writes the results and the report
+            own_checkpoint.unlink(missing_ok=True)
+            return
+        result = analysis.geometry
+        for settings in (result.settings, analysis.taxonomy.settings):
+            settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size,
+                            protocol=args.protocol)
+        run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
+        report = _write_report(run, say)
+        own_checkpoint.unlink(missing_ok=True)
+        _say_results(analysis, args.queries, say)
+        say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
+            "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
+        print(report.resolve())
+
+
+def _finished_run(args: argparse.Namespace):
+    """A finished run folder that a derived job (prune, stream) may write to, checked before any
+    model loads: the folder, its analysis, the model name (``--model`` or the run's settings), the
+    run's seed and its corpus."""
+    from ..capture.corpus import load_corpus
+    from ..run.analysis import Analysis
+
+    run = RunFolder(args.run)
+    analysis = Analysis.load(run.path)
+    run.check_writable()
+    settings = run.read_settings()
+    name = args.model or settings.get("cli_model")
+    if not isinstance(name, str):
+        raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
+    _check_model_name(name)
+    try:
+        seed = int(settings.get("seed", 0))
+    except (TypeError, ValueError):
+        raise TLGeometryError(f"{run.settings}: seed {settings.get('seed')!r} is not an integer; fix it or rerun "
+                              "tl-geometry analyze") from None
+    corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
+    return run, analysis, name, seed, corpus
+
+
+def _resume_or_restart(checkpoint, say) -> None:
+    """A derived job's checkpoint in its run folder: resumed when it can be, else removed (its job
+    or settings differ, or it is damaged), as ``analyze`` removes an earlier run's without --resume."""
+    problem = checkpoint.problem()
+    if problem is not None:
+        checkpoint.drop()
+        say(f"removed {checkpoint.path.name}: {problem}; starting afresh")
+
+
+def _prune(args: argparse.Namespace) -> None:
+    from ..capture.adapters import describe_model
+    from ..capture.corpus import make_windows
+    from ..capture.models import load_model
+    from ..intervene.interventions import (
+        IMPORTANCE_METHODS,
+        head_importance,
+        pruning_curve,
+        scan_checkpoint,
+        single_head_scan,
+        topn_deletion,
+    )
+
+    for flag in ("--windows", "--seq-len", "--scan-windows", "--scan-seq-len"):
+        _positive(flag, getattr(args, flag[2:].replace("-", "_")))
+    if args.seq_len < 2 or args.scan_seq_len < 2:
+        raise TLGeometryError("--seq-len and --scan-seq-len must be ≥ 2 (BOS and at least one token)")
+    run, analysis, name, seed, corpus = _finished_run(args)
+    run_id = analysis.geometry.settings.get("run_id")
+    say = (lambda *a: None) if args.quiet else print
+    start = time.perf_counter()
+    model = load_model(name)
+    info = describe_model(model)
+    info.check_length(max(args.seq_len, args.scan_seq_len))  # before any window is cut or any head ranked
+    analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
+    # Held-out windows: another seed than the analysis, same length.
+    held = make_windows(model, corpus, args.seq_len, args.windows, seed + 1).tokens
+    # Gradient and entropy rank heads on the first half of the held-out windows (magnitude, random and
+    # taxonomy need no tokens); the curves are measured on the other half.
+    importances = {m: head_importance(model, held[: max(1, args.windows // 2)], m, taxonomy=analysis.taxonomy)
+                   for m in IMPORTANCE_METHODS}
+    evaluation = held[args.windows // 2:] if args.windows > 1 else held
+    if args.windows == 1:
+        say("--windows 1: the gradient and entropy rankings and the curves use the same single window "
+            "(pass --windows 2 or more to rank on one half and evaluate on the other)")
+    with run.writing():  # one writer: another prune or analysis of this folder is refused
+        run.verify()  # the analysis is still the one the tables are computed from
+        curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)
+        path = run.write_derived("pruning.csv", curve, run_id)
+        say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {path}")
+        scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
+        _resume_or_restart(scan_checkpoint(run.scan_checkpoint, model, scan_tokens), say)
+        scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=not args.quiet)
+        run.write_scan(scan, run_id)
+        run.write_topn([topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
+                        for renormalise in (False, True)], run_id)
+        run.scan_checkpoint.unlink(missing_ok=True)
+        report = _write_report(run, say)
+        say(f"done in {time.perf_counter() - start:.0f}s")
+        print(report.resolve())
+
+
+def _stream(args: argparse.Namespace) -> None:
+    from ..capture.adapters import describe_model
+    from ..capture.corpus import make_windows
+    from ..capture.models import load_model
+    from ..intervene.streaming import check_streaming_arguments, stream_checkpoint, streaming_curve
+
+    if args.seq_len is None:
+        args.seq_len = PROTOCOLS[args.protocol]["seq_len"]
+    for flag in ("--windows", "--seeds"):
+        _positive(flag, getattr(args, flag[2:].replace("-", "_")))
+    if args.seq_len < 2:
+        raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
+    orders = tuple(args.orders.split(","))
+    fractions = _parse_fractions(args.fractions)
+    check_streaming_arguments(args.seq_len, fractions, orders, args.window, args.sink, args.seeds)
+    run, analysis, name, seed, corpus = _finished_run(args)
+    run_id = analysis.geometry.settings.get("run_id")
+    say = (lambda *a: None) if args.quiet else print
+    start = time.perf_counter()
+    model = load_model(name)
+    info = describe_model(model)  # before the folder is touched
+    info.check_length(args.seq_len)
+    analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
+    # Held-out windows: another seed than the analysis and the pruning curves.
+    held = make_windows(model, corpus, args.seq_len, args.windows, seed + 2).tokens
+    with run.writing():  # one writer: another stream, prune or analysis of this folder is refused
+        run.verify()
+        _resume_or_restart(stream_checkpoint(run.stream_checkpoint, model, held, window=args.window, sink=args.sink), say)
+        curve = streaming_curve(model, held, analysis, fractions=fractions, window=args.window, sink=args.sink,
+                                orders=orders, seeds=args.seeds, checkpoint=run.stream_checkpoint, types=analysis.head_types,
+                                progress=not args.quiet)
+        path = run.write_derived("streaming.csv", curve.to_dataframe(), run_id)
+        run.stream_checkpoint.unlink(missing_ok=True)
+        say(f"streaming curves ({held.shape[0]} held-out windows x {held.shape[1]} tokens) in {path}")
+        for order, area in curve.area_to_oracle().items():
+            say(f"  {order}: area above the oracle {area:+.4f}")
+        report = _write_report(run, say)
+        say(f"done in {time.perf_counter() - start:.0f}s")
+        print(report.resolve())
+
+
+def _parse_fractions(text: str) -> tuple[float, ...]:
+    try:
+        fractions = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise TLGeometryError(f"--fractions must be numbers in (0, 1] separated by commas; got {text!r}") from None
+    if not all(0 < f <= 1 for f in fractions):
+        raise TLGeometryError(f"--fractions must lie in (0, 1] (the share of kv heads that stream); got {text!r}")
+    return fractions
+
+
+def _report(args: argparse.Namespace) -> None:
+    run = RunFolder(args.run)
+    parts = _report_parts(run, lambda *a: print(*a, file=sys.stderr))  # every file read before anything is written
+    run.check_writable()
+    with run.writing():
+        print(_write_report(run, parts=parts).resolve())
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from ..present.report import build_comparison
+    from ..run.analysis import Analysis
+    from ..run.compare import compare
+
+    runs = [RunFolder(path) for path in (args.run_a, args.run_b)]
+    resolved = [run.path.resolve() for run in runs]
+    if resolved[0] == resolved[1]:
+        raise TLGeometryError(f"{args.run_a!r} and {args.run_b!r} are the same run folder: compare two different runs")
+    names = [path.name for path in resolved]
+    if names[0] == names[1]:  # same folder name in two places: name each by its parent too (no path separators)
+        names = [f"{path.parent.name}-{path.name}" for path in resolved]
+        if names[0] == names[1]:
+            names = [f"{name}-{i}" for i, name in enumerate(names, 1)]
+    out = RunFolder(args.out or f"runs/compare-{names[0]}-vs-{names[1]}")
+    page, table = out.path / "compare.html", out.path / "compare.csv"
+    if not args.overwrite and page.exists() and table.exists():  # one alone: an interrupted comparison
+        raise TLGeometryError(f"{out.path} already holds a comparison: pass --overwrite to replace it, or choose "
+                              "another --out")
+    analyses = [Analysis.load(run.path) for run in runs]
+    out.check_writable()
+    out.check_not_foreign(ours=(page.name, table.name))
+    comparison = compare(*analyses, names=(names[0], names[1]))
+    frame = comparison.to_dataframe() if comparison.head_by_head else comparison.curves()
+    for line in comparison.summary_lines():
+        print(line)
+    # Both outputs are computed before either is written, and each is written atomically: a
+    # failed or interrupted comparison leaves nothing that blocks its rerun.
+    html = build_comparison(comparison)
+    with out.writing(elsewhere=True):
+        with atomic_path(table) as tmp:
+            frame.to_csv(tmp, index=False)
+        with atomic_path(page) as tmp:
+            tmp.write_text(html, encoding="utf-8")
+    print(page.resolve())
+
+
+def _model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: TransformerLens's choice)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="model weights (default %(default)s); geometry is always computed in float32 or wider")
+    parser.add_argument("--device-map", default=None, help="hub models: e.g. auto, to spread layers over GPUs")
+    parser.add_argument("--n-devices", type=int, default=None, help="hub models: number of GPUs to split layers over")
+
+
+def _threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for this command (default: torch's; 1 can be far faster on a "
+                             "small machine others share: docs/performance.md)")
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """The command's torch thread count, restored after it (``main`` also runs inside notebooks
+    and tests, whose threads are theirs)."""
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise TLGeometryError(f"--threads must be at least 1; got {threads}.")
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0],
+                                     formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    fmt = _HelpFormatter
+    analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus", formatter_class=fmt,
+                             description="Measure separability, sink diagnostics, certificates and the head taxonomy "
+                                         "over corpus windows, and write a run folder with report.html.")
+    analyze.add_argument("--model", default="smollm2-135m",
+                         help="bundled offline model (smollm2-135m, gemma-3-270m) or a Hugging Face name")
+    analyze.add_argument("--corpus", default="python-reference",
+                         help="offline: python-reference, lee-news; hub: wikitext-103, openwebtext; or a .txt/.jsonl path")
+    analyze.add_argument("--protocol", choices=list(PROTOCOLS), default="default",
+                         help="preset of --seq-len, --queries, --n and --repeats: default (256-token windows, last "
+                              "query, N = 1..32, auto random rankings) or paper (the published setting: 1024-token "
+                              "windows, final query, N = 1..32, 16 random rankings); explicit flags override it")
+    analyze.add_argument("--windows", type=int, default=64, help="number of windows cut from the corpus")
+    analyze.add_argument("--seq-len", type=int, default=None,
+                         help="tokens per window, BOS included (default: 256; 1024 with --protocol paper)")
+    analyze.add_argument("--n", "--n-values", dest="n", default=None,
+                         help="comma-separated N values, each < --seq-len (default: 1,2,4,8,16,32); spell it "
+                              "--n-values under torchrun, whose parser claims --n")
+    analyze.add_argument("--queries", choices=["last", "all"], default=None,
+                         help="measure the last query of each window, or every query (default: last)")
+    analyze.add_argument("--repeats", default=None,
+                         help="random rankings per query, or auto: 16 with --queries last, one per "
+                              "query with --queries all (at least 16 draws per window and head); 0 skips the "
+                              "baseline (default: auto; 16 with --protocol paper)")
+    analyze.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    analyze.add_argument("--seed", type=int, default=0, help="seeds the windows and the random rankings")
+    analyze.add_argument("--out", default=None, help="run folder (default: runs/MODEL-CORPUS)")
+    _model_flags(analyze)
+    analyze.add_argument("--resume", action="store_true", help="continue an interrupted run in the same folder")
+    analyze.add_argument("--overwrite", action="store_true",
+                         help="replace a finished analysis in --out, with the pruning/scan results derived from it")
+    analyze.add_argument("--quiet", action="store_true", help="print only the report path")
+    _threads_flag(analyze)
+    analyze.set_defaults(handler=_analyze, interrupted="rerun the same command with --resume to continue")
+    prune = sub.add_parser("prune", help="pruning curves, single-head scan and top-N deletion for a finished run",
+                           formatter_class=fmt)
+    prune.add_argument("run", help="run folder written by tl-geometry analyze")
+    prune.add_argument("--windows", type=int, default=16, help="held-out windows (half rank gradient/entropy, half evaluate)")
+    prune.add_argument("--seq-len", type=int, default=256, help="tokens per held-out window")
+    prune.add_argument("--scan-windows", type=int, default=4, help="windows of the single-head scan")
+    prune.add_argument("--scan-seq-len", type=int, default=128, help="tokens per window of the single-head scan")
+    prune.add_argument("--model", default=None, help="model name when the run's settings do not say")
+    prune.add_argument("--quiet", action="store_true", help="print only the report path")
+    _threads_flag(prune)
+    prune.set_defaults(handler=_prune,
+                       interrupted="rerun the same command: the single-head scan continues from its checkpoint")
+    stream = sub.add_parser("stream", help="which kv heads can keep only the sink and a recent window: streaming "
+                            "curves per order for a finished run (SmolLM2 defaults: 11 min measured on 2 cores)",
+                            formatter_class=fmt)
+    stream.add_argument("run", help="run folder written by tl-geometry analyze")
+    stream.add_argument("--windows", type=int, default=1, help="held-out windows the loss is measured on")
+    stream.add_argument("--protocol", choices=list(PROTOCOLS), default="paper",
+                        help="preset of --seq-len: paper (1024-token held-out windows, where a 64-key window is a "
+                             "sixteenth of the context) or default (the analysis' 256); an explicit --seq-len wins")
+    stream.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per held-out window (default: 1024; 256 with --protocol default)")
+    stream.add_argument("--window", type=int, default=64, help="recent keys a streaming head keeps, the query included")
+    stream.add_argument("--sink", type=int, default=4, help="first positions a streaming head keeps")
+    stream.add_argument("--orders", default="taxonomy,echo_induction,entropy,random,oracle",
+                        help="orders to measure, comma-separated (the oracle costs one evaluation per kv head)")
+    stream.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
+                        help="shares of kv heads that stream, comma-separated, in (0, 1]")
+    stream.add_argument("--seeds", type=int, default=3, help="random orders")
+    stream.add_argument("--model", default=None, help="model name when the run's settings do not say")
+    stream.add_argument("--quiet", action="store_true", help="print only the report path")
+    _threads_flag(stream)
+    stream.set_defaults(handler=_stream, interrupted="rerun the same command: it continues from its checkpoint")
+    report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results",
+                            formatter_class=fmt)
+    report.add_argument("run", help="run folder written by tl-geometry analyze")
+    report.set_defaults(handler=_report, interrupted="rerun the same command")
+    comparison = sub.add_parser("compare", help="compare two finished runs head by head (agreement, kappa, "
+                                "transitions, per-head differences)", formatter_class=fmt)
+    comparison.add_argument("run_a", help="first run folder (e.g. float32, base model, first corpus)")
+    comparison.add_argument("run_b", help="second run folder; differences are second minus first")
+    comparison.add_argument("--out", default=None, help="folder for compare.html and compare.csv "
+                            "(default: runs/compare-A-vs-B)")
+    comparison.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out")
+    comparison.set_defaults(handler=_compare, interrupted="rerun the same command")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with _torch_threads(getattr(args, "threads", None)):
+            args.handler(args)
+    except TLGeometryError as exc:
+        print(f"tl-geometry: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tl-geometry: interrupted; {args.interrupted}", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Presenting results: plotly figures, the claims table and the HTML report."""

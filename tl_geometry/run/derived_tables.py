@@ -1,0 +1,107 @@
+"""The tables derived from an analysis (``pruning.csv``, ``single_head_scan.csv``, ``topn.csv``,
+``streaming.csv``): their columns, the values each column may hold, and the command that writes
+them. A table is checked row by row where it is read, so a header-only file, a short row or a
+value out of range is one line that names the file, the line and the command to rerun, never a
+crash or a silently wrong plot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import STREAMING_ORDERS
+from ..errors import TLGeometryError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["DerivedTable", "DERIVED_TABLES", "read_table"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """What one column holds: ``check`` says whether a value fits, ``means`` says it in words."""
+
+    check: Callable[[Any], bool]
+    means: str
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _integer_at_least(low: int) -> Column:
+    return Column(lambda v: _number(v) and float(v).is_integer() and v >= low, f"an integer ≥ {low}")
+
+
+TEXT = Column(lambda v: isinstance(v, str) and bool(v), "text")
+REAL = Column(_number, "a number")
+POSITIVE = Column(lambda v: _number(v) and 0 < v < math.inf, "a positive number")
+SHARE = Column(lambda v: _number(v) and 0 < v <= 1, "a share in (0, 1]")
+RETENTION = Column(lambda v: _number(v) and 0 <= v <= 1, "a share in [0, 1]")
+FLAG = Column(lambda v: isinstance(v, bool) or v in (0, 1), "True or False")
+
+
+def _one_of(names: tuple[str, ...], what: str) -> Column:
+    return Column(lambda v: v in names, f"{what} ({', '.join(names)})")
+
+
+@dataclass(frozen=True)
+class DerivedTable:
+    """A derived table: the command that writes it, its required columns (others may follow) and
+    the columns that name a row (no two rows alike)."""
+
+    command: str
+    columns: dict[str, Column]
+    key: tuple[str, ...]
+
+
+DERIVED_TABLES: dict[str, DerivedTable] = {
+    "pruning.csv": DerivedTable("tl-geometry prune", {"method": TEXT, "retention": RETENTION, "delta_nll": REAL},
+                                ("method", "retention")),
+    "single_head_scan.csv": DerivedTable("tl-geometry prune", {"layer": _integer_at_least(0), "head": _integer_at_least(0),
+                                                               "name": TEXT, "delta_nll": REAL}, ("layer", "head")),
+    "topn.csv": DerivedTable("tl-geometry prune", {"n": _integer_at_least(1), "delta_nll": REAL, "renormalise": FLAG},
+                             ("n", "renormalise")),
+    "streaming.csv": DerivedTable("tl-geometry stream", {
+        "order": _one_of(STREAMING_ORDERS, "a streaming order"),
+        "seed": _integer_at_least(0), "fraction": SHARE, "delta_nll": REAL,
+        "window": _integer_at_least(1), "sink": _integer_at_least(0), "seq_len": _integer_at_least(2),
+        "n_kv_total": _integer_at_least(1), "baseline_nll": POSITIVE}, ("order", "seed", "fraction")),
+}
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """The derived table at ``path`` (named as in :data:`DERIVED_TABLES`), checked row by row: one
+    :class:`TLGeometryError` names the file, the line and the command that rewrites it."""
+    import pandas as pd
+
+    table = DERIVED_TABLES[path.name]
+    rerun = f"rerun {table.command}"
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError) as exc:  # pandas' EmptyDataError and ParserError are ValueErrors
+        raise TLGeometryError(f"cannot read {path} ({str(exc).strip() or type(exc).__name__}): {rerun}") from None
+    missing = [name for name in table.columns if name not in frame.columns]
+    if missing:
+        raise TLGeometryError(f"{path} lacks the columns {', '.join(missing)}: it was not written by "
+                              f"{table.command}; {rerun}")
+    if frame.empty:
+        raise TLGeometryError(f"{path} has no rows (only its header): {rerun}")
+    for name, column in table.columns.items():
+        values = frame[name].tolist()
+        for row, value in enumerate(values):
+            if isinstance(value, float) and math.isnan(value):
+                value = None  # an empty cell: a short or damaged row
+            if value is None or not column.check(value):
+                shown = "nothing" if value is None else repr(value)
+                raise TLGeometryError(f"{path}, line {row + 2}: column {name!r} must hold {column.means}, not {shown}: "
+                                      f"{rerun}")
+    repeated = frame.duplicated(list(table.key))
+    if bool(repeated.any()):
+        row = int(repeated.to_numpy().argmax())
+        raise TLGeometryError(f"{path}, line {row + 2}: a second row for the same {', '.join(table.key)}: {rerun}")
+    return frame
