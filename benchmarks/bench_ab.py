@@ -46,6 +46,12 @@ def export_package(rev: str, into: Path) -> str:
     return name
 
 
+def jobs_of(package):
+    """A package's intervention jobs: ``package.intervene`` in this tree, the package itself at
+    commits from before the layer folders."""
+    return getattr(package, "intervene", package)
+
+
 def _timed(call) -> float:
     start = time.perf_counter()
     call()

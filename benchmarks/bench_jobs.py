@@ -1,7 +1,7 @@
 """The loss-evaluating jobs against the plain forwards they replace, and against an earlier commit.
 
-Two jobs, as users call them: the single-head scan (``tlg.single_head_scan``: every head alone)
-and the streaming oracle (``tlg.streaming_curve(..., orders="oracle")``: every kv head alone,
+Two jobs, as users call them: the single-head scan (``tlg.intervene.single_head_scan``: every head alone)
+and the streaming oracle (``tlg.intervene.streaming_curve(..., orders="oracle")``: every kv head alone,
 then one fraction). Their "plain forwards" are the forwards a job without reuse runs, timed on
 the same batches without hooks: for the scan, ``n_layers`` passes over the ``n_heads`` replicas
 of every window plus the baseline; for the oracle, ``n_kv + 2`` passes over the windows. Each
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .bench_ab import _timed, export_package
+from .bench_ab import _timed, export_package, jobs_of
 
 
 def main() -> None:
@@ -39,7 +39,8 @@ def main() -> None:
     import torch
 
     import tl_geometry as new
-    from tl_geometry.capture.adapters import describe_model, sequence_nll
+    from tl_geometry.capture.adapters import sequence_nll
+    from tl_geometry.capture.model_info import describe_model
 
     from .bench_analysis import _tokens
 
@@ -67,8 +68,8 @@ def main() -> None:
 
         def job(package, name):
             if name == "scan":
-                return lambda: package.single_head_scan(model, tokens, batch_size=args.batch_size, progress=False)
-            return lambda: package.streaming_curve(model, tokens, orders="oracle", fractions=(0.1,), window=window,
+                return lambda: jobs_of(package).single_head_scan(model, tokens, batch_size=args.batch_size, progress=False)
+            return lambda: jobs_of(package).streaming_curve(model, tokens, orders="oracle", fractions=(0.1,), window=window,
                                                    sink=sink, batch_size=args.batch_size, progress=False)
 
         packages = {"old": old, "new": new}

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench_ab import export_package
+from .bench_ab import export_package, jobs_of
 
 JOBS = ("stream (every order)", "pruning curves", "single-head scan")
 
@@ -83,17 +83,17 @@ def _jobs(args, tlg) -> dict:
     analysis = tlg.analyze(model, make_windows(model, "python-reference", 256, 2, 0).tokens, progress=False)
     stream_tokens = make_windows(model, "python-reference", args.stream_len, 1, 2).tokens
     held = make_windows(model, "python-reference", 256, args.prune_windows, 1).tokens
-    importances = {m: new.head_importance(model, held, m, taxonomy=analysis.taxonomy)
+    importances = {m: new.intervene.head_importance(model, held, m, taxonomy=analysis.taxonomy)
                    for m in ("magnitude", "random", "taxonomy")}
     types = tlg.head_types(model)
     # one full forward first: the analysis and head types stop before the unembedding, and the first
     # [windows, pos, vocab] logits of a process raise its resident memory for good
-    new.interventions.mean_nll(model, held)
+    new.intervene.mean_nll(model, held)
     return {
-        "stream (every order)": lambda: tlg.streaming_curve(
+        "stream (every order)": lambda: jobs_of(tlg).streaming_curve(
             model, stream_tokens, analysis.taxonomy, types=types, progress=False).to_dataframe(),
-        "pruning curves": lambda: tlg.pruning_curve(model, held, importances, progress=False),
-        "single-head scan": lambda: tlg.single_head_scan(model, held[:, :128], progress=False),
+        "pruning curves": lambda: jobs_of(tlg).pruning_curve(model, held, importances, progress=False),
+        "single-head scan": lambda: jobs_of(tlg).single_head_scan(model, held[:, :128], progress=False),
     }
 
 

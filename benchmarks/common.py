@@ -82,7 +82,7 @@ def smollm2_batch():
 
 def _calls(variants: dict) -> dict[str, Callable[[], object]]:
     """One call per variant on the shared model: None is the plain forward, else the layer callback."""
-    from tl_geometry import stream_layers
+    from tl_geometry.capture import stream_layers
 
     model, tokens = smollm2_batch()
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .bench_ab import export_package
+from .bench_ab import export_package, jobs_of
 
 
 def main() -> None:
@@ -49,17 +49,17 @@ def main() -> None:
                 analysis.head_types.save(folder / "head_types.safetensors")
                 tensors = {f"{file.stem}/{key}": value for file in sorted(folder.glob("*.safetensors"))
                            for key, value in load_file(file).items()}
-                importances = {m: tlg.head_importance(model, held, m, taxonomy=analysis.taxonomy)
+                importances = {m: jobs_of(tlg).head_importance(model, held, m, taxonomy=analysis.taxonomy)
                                for m in ("magnitude", "taxonomy")}
                 tables = {
-                    "streaming curve": tlg.streaming_curve(model, held[:1], analysis.taxonomy, fractions=(0.25, 0.5),
+                    "streaming curve": jobs_of(tlg).streaming_curve(model, held[:1], analysis.taxonomy, fractions=(0.25, 0.5),
                                                            window=16, orders=("taxonomy", "random", "oracle"),
                                                            seeds=1, types=analysis.head_types,
                                                            progress=False).to_dataframe(),
-                    "pruning curves": tlg.pruning_curve(model, held, importances, retention=(0.9, 0.5), progress=False),
+                    "pruning curves": jobs_of(tlg).pruning_curve(model, held, importances, retention=(0.9, 0.5), progress=False),
                 }
-                tensors["single_head_scan"] = tlg.single_head_scan(model, held[:1, :32], progress=False)
-                tensors["topn_deletion"] = tlg.topn_deletion(model, held[:1, :32], (1, 4), progress=False).delta
+                tensors["single_head_scan"] = jobs_of(tlg).single_head_scan(model, held[:1, :32], progress=False)
+                tensors["topn_deletion"] = jobs_of(tlg).topn_deletion(model, held[:1, :32], (1, 4), progress=False).delta_nll
                 outputs[side] = tensors, tables
             (old_tensors, old_tables), (new_tensors, new_tables) = outputs["old"], outputs["new"]
             for key in sorted(set(old_tensors) | set(new_tensors)):

@@ -20,9 +20,9 @@ import time
 import torch
 
 import tl_geometry as tlg
-import tl_geometry.regime as regime
-from tl_geometry.adapters import describe_model
-from tl_geometry.corpus import load_corpus, make_windows
+import tl_geometry.measure.certificates as certificates
+from tl_geometry.capture.adapters import describe_model
+from tl_geometry.capture.corpus import load_corpus, make_windows
 
 CORPORA = ("python-reference", "lee-news")
 NS = (1, 2, 4, 8, 16, 32)
@@ -31,7 +31,7 @@ NS = (1, 2, 4, 8, 16, 32)
 def shares(model, tokens: torch.Tensor, layers: list[int] | None = None) -> dict[str, torch.Tensor]:
     """Per N: informative P̲ and R̲ counts of Theorem 1 alone, of Theorems 1 and 2 and of the reported
     bound, the cells, and the violations (bound above measurement) of the reported bound."""
-    theorems = dict(regime._THEOREMS)
+    theorems = dict(certificates._THEOREMS)
     stages = {"t1": ("theorem_1",), "t12": ("theorem_1", "theorem_2")}
     totals = {key: torch.zeros(len(NS), dtype=torch.long)
               for key in ("cells", "p_t1", "r_t1", "p_t12", "r_t12", "p_new", "r_new", "below_old", "violations")}
@@ -42,11 +42,11 @@ def shares(model, tokens: torch.Tensor, layers: list[int] | None = None) -> dict
         measured = tlg.separability(*args, **options)
         bounds = {}
         for stage, names in stages.items():
-            regime._THEOREMS = {name: theorems[name] for name in names}
+            certificates._THEOREMS = {name: theorems[name] for name in names}
             try:
                 bounds[stage] = tlg.sink_aware_bounds(*args, **options)
             finally:
-                regime._THEOREMS = theorems
+                certificates._THEOREMS = theorems
         new = bounds["new"] = tlg.sink_aware_bounds(*args, **options)
         cells = ~torch.isnan(new.precision)
         totals["cells"] += cells.flatten(0, -2).sum(0)
@@ -59,7 +59,7 @@ def shares(model, tokens: torch.Tensor, layers: list[int] | None = None) -> dict
                                  ).flatten(0, -2).sum(0)
 
     for start in range(0, tokens.shape[0], 4):
-        tlg.stream_layers(model, tokens[start:start + 4], layer, layers=layers)
+        tlg.capture.stream_layers(model, tokens[start:start + 4], layer, layers=layers)
     return totals
 
 

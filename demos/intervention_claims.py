@@ -14,7 +14,7 @@ import time
 from typing import get_args
 
 import tl_geometry as tlg
-from tl_geometry.corpus import load_corpus, make_windows
+from tl_geometry.capture.corpus import load_corpus, make_windows
 
 
 def held_out_windows(model, corpus, seq_len, n, fit_windows):
@@ -40,9 +40,9 @@ def main() -> None:
     fit = make_windows(model, corpus, args.seq_len, args.windows, seed=0)
     held = held_out_windows(model, corpus, args.seq_len, args.windows, fit)
     taxonomy = tlg.analyze(model, fit.tokens, progress=False).taxonomy
-    importances = {method: tlg.head_importance(model, fit.tokens, method, taxonomy=taxonomy)
-                   for method in get_args(tlg.ImportanceMethod)}
-    curve = tlg.pruning_curve(model, held, importances, progress=False)
+    importances = {method: tlg.intervene.head_importance(model, fit.tokens, method, taxonomy=taxonomy)
+                   for method in get_args(tlg.intervene.ImportanceMethod)}
+    curve = tlg.intervene.pruning_curve(model, held, importances, progress=False)
     print(f"## {args.model} — {args.corpus}; importance from {fit.tokens.shape[0]} windows, evaluation on "
           f"{held.shape[0]} held-out windows × {args.seq_len} tokens, zero ablation\n")
     print(f"Baseline NLL {curve.baseline_nll.iloc[0]:.4f} nats/token. Relative ΔNLL by retention (share of heads kept):\n")
@@ -53,7 +53,7 @@ def main() -> None:
         print(f"| {method} | " + " | ".join(f"{x:+.3f}" for x in row) + " |")
 
     scan_tokens = held[:args.scan_windows, :args.scan_seq_len]
-    scan = tlg.single_head_scan(model, scan_tokens, progress=False)
+    scan = tlg.intervene.single_head_scan(model, scan_tokens, progress=False)
     print(f"\nSingle-head scan ({scan_tokens.shape[0]} windows × {scan_tokens.shape[1]} tokens): the 5 most "
           "critical heads\n")
     print("| head | ΔNLL | regime | shares (current / sink / other) |", "|---|---|---|---|", sep="\n")
@@ -67,8 +67,8 @@ def main() -> None:
     print("\nTop-N attention deletion (every head, every query keeps its top-N sources)\n")
     print("| N | ΔNLL (weights kept) | ΔNLL (renormalised) |", "|---|---|---|", sep="\n")
     ns = (1, 2, 4, 8, 16, 32, 64)
-    plain = tlg.topn_deletion(model, held, ns, progress=False)
-    renorm = tlg.topn_deletion(model, held, ns, renormalise=True, progress=False)
+    plain = tlg.intervene.topn_deletion(model, held, ns, progress=False)
+    renorm = tlg.intervene.topn_deletion(model, held, ns, renormalise=True, progress=False)
     for i, n in enumerate(ns):
         print(f"| {n} | {plain.delta_nll[i]:+.4f} | {renorm.delta_nll[i]:+.4f} |")
     print(f"\nSmallest N with ΔNLL ≤ 1% / 5% / 10%: weights kept {list(plain.smallest_n.values())}, "

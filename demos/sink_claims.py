@@ -15,7 +15,7 @@ import time
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.corpus import load_corpus, make_windows
+from tl_geometry.capture.corpus import load_corpus, make_windows
 
 
 def _fmt(x: float) -> str:
@@ -137,7 +137,7 @@ def per_query_violations(model, tokens: torch.Tensor, ns: tuple[int, ...], exclu
     """Sink-aware bounds and inversion certificates against the measurement, query by query (all queries)."""
     counts = [0, 0]
 
-    def check(layer: int, att: tlg.LayerAttention) -> None:
+    def check(layer: int, att: tlg.capture.LayerAttention) -> None:
         kwargs = {"queries": "all", "exclude_sink": exclude_sink, **att.visibility}
         sep = tlg.separability(att.pattern, att.kv_values, ns, **kwargs)
         bound = tlg.sink_aware_bounds(att.pattern, att.kv_values, ns, **kwargs)
@@ -148,7 +148,7 @@ def per_query_violations(model, tokens: torch.Tensor, ns: tuple[int, ...], exclu
             counts[0] += int((low[defined] > measured[defined]).sum())
             counts[1] += int(defined.sum())
 
-    tlg.stream_layers(model, tokens, check, layers=layers)
+    tlg.capture.stream_layers(model, tokens, check, layers=layers)
     return counts[0], counts[1]
 
 

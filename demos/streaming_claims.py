@@ -13,8 +13,8 @@ import argparse
 import time
 
 import tl_geometry as tlg
-from tl_geometry.corpus import load_corpus, make_windows
-from tl_geometry.head_types import head_types
+from tl_geometry.capture.corpus import load_corpus, make_windows
+from tl_geometry.label.head_types import head_types
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     types = head_types(model)
     cost["echo_induction"] = f"one forward of 101 tokens: {time.perf_counter() - start:.1f} s"
     start = time.perf_counter()
-    curve = tlg.streaming_curve(model, windows, analysis, window=args.window, sink=args.sink, seeds=args.seeds,
+    curve = tlg.intervene.streaming_curve(model, windows, analysis, window=args.window, sink=args.sink, seeds=args.seeds,
                                 types=types, checkpoint=args.checkpoint)
     total = time.perf_counter() - start
     n_kv = curve.settings["n_kv_total"]

@@ -16,8 +16,8 @@ import time
 import torch
 
 import tl_geometry as tlg
-from tl_geometry.corpus import load_corpus, make_windows
-from tl_geometry.head_types import HEAD_TYPES, repeated_random_tokens
+from tl_geometry.capture.corpus import load_corpus, make_windows
+from tl_geometry.label.head_types import HEAD_TYPES, repeated_random_tokens
 
 CORPORA = ("python-reference", "lee-news")
 

@@ -15,15 +15,16 @@ from pathlib import Path
 import tl_geometry
 
 API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
-ENTRY = re.compile(r"### `(?P<name>[A-Za-z_]+)`\n\n```text\n(?P<signature>.*?)\n```\n\n(?P<summary>[^\n]*)\n")
+ENTRY = re.compile(r"### `(?P<name>[A-Za-z_.]+)`\n\n```text\n(?P<signature>.*?)\n```\n\n(?P<summary>[^\n]*)\n")
 
 
 def describe(name: str) -> tuple[str, str] | None:
-    obj = getattr(tl_geometry, name, None)
+    folder, _, leaf = name.rpartition(".")
+    obj = getattr(getattr(tl_geometry, folder) if folder else tl_geometry, leaf, None)
     if obj is None or not callable(obj):
         return None
     try:
-        signature = f"{'class ' if inspect.isclass(obj) else ''}{name}{inspect.signature(obj)}"
+        signature = f"{'class ' if inspect.isclass(obj) else ''}{leaf}{inspect.signature(obj)}"
     except (TypeError, ValueError):
         return None
     summary = (inspect.getdoc(obj) or "").split("\n\n")[0].replace("\n", " ")
@@ -42,7 +43,9 @@ def main() -> None:
 
     text = ENTRY.sub(refresh, text)
     API.write_text(text, encoding="utf-8")
-    missing = [name for name in tl_geometry.__all__ if f"### `{name}`" not in text]
+    public = [*tl_geometry.__all__, *(f"{folder}.{name}" for folder in ("capture", "intervene")
+                                      for name in getattr(tl_geometry, folder).__all__)]
+    missing = [name for name in public if f"### `{name}`" not in text]
     if missing:
         print("no entry yet for:", ", ".join(missing))
 

@@ -83,7 +83,7 @@ class LayerRows(NamedTuple):
     ``key_mask``, ``query_mask`` ``[batch, pos]``; ``last`` ``[batch]`` the last real query;
     ``norms`` ``[batch, kv, key]`` the taxonomy's ``‖v‖`` (the pattern's dtype);
     ``certificates`` ``[2, len(CERTIFICATE_KEYS), batch, kv, key]`` the Gram bounds and slack scales of Theorems 1 and 2 at each query
-    (``regime.CERTIFICATE_KEYS``); ``random_keys`` ``[batch]`` (uint64, one per window and layer)."""
+    (``certificates.CERTIFICATE_KEYS``); ``random_keys`` ``[batch]`` (uint64, one per window and layer)."""
 
     pattern: np.ndarray
     key_mask: np.ndarray

@@ -411,7 +411,7 @@ def unit_weights(values, at, s):
 def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     """The certificates (P, R lower bounds) of the top-N set ``order[:n]`` among ``n_cand``
     candidates: Theorem 1 from the Gram bounds ``cert[form, :, b, kv, t]``
-    (``regime.CERTIFICATE_KEYS``; form 0 on α and v, form 1 Theorem 2 on ω and the unit vectors)
+    (``certificates.CERTIFICATE_KEYS``; form 0 on α and v, form 1 Theorem 2 on ω and the unit vectors)
     and the ``weights`` of that form (``w_max`` their largest over keys ``1..t``). Overwrites
     ``s.u_val`` (with ``U_i = Q⁺(w^S − α_i e_i)``) and ``s.dist`` (with the certified ``L_j``)."""
     b, _, kv, t, _, _ = at

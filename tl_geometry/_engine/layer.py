@@ -9,7 +9,7 @@ One task per (sequence, head) visits its rows once:
   (key 0 removed from the candidates: F only) and each RANDOM ranking (P, R, F summed).
 
 Equivalence with the public functions composed (``separability``, ``sink_geometry``,
-``sink_aware_bounds``, ``winner_sources``) is tested in ``tests/test_layer_measures.py``.
+``sink_aware_bounds``, ``winner_sources``) is tested in ``tests/measure/test_layer_measures.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A row's random ranking is a uniformly random ordered sample of its candidates (partial
 Fisher–Yates), driven by splitmix64 keyed by (window and layer ``key``, head, query, repeat):
-the same draws whatever the batching, sharding or backend (``tl_geometry.layer_measures``
+the same draws whatever the batching, sharding or backend (``tl_geometry.measure.layer_measures``
 draws the same stream in torch on any device).
 """
 

@@ -17,8 +17,6 @@ import contextlib
 import importlib.metadata
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import TLGeometryError
-from ..io import sha256_file
+from ..io import atomic_folder, sha256_file
 
 __all__ = ["BUNDLED_MODELS", "BundledModel", "cache_dir", "load_model", "model_cache_path"]
 
@@ -144,13 +142,12 @@ def _build_cache(spec: BundledModel, folder: Path) -> None:
     """Dequantize the GGUF file once and save it as safetensors + tokenizer files."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    try:  # before the minute of dequantizing: the cache folder must be writable
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    except OSError as exc:
-        raise TLGeometryError(f"cannot write the model cache in {str(folder.parent)!r} ({exc.strerror or exc}): set "
-                              "TL_GEOMETRY_CACHE to a writable folder") from None
-    try:
+    with contextlib.ExitStack() as stack:
+        try:  # before the minute of dequantizing: the cache folder must be writable
+            tmp = stack.enter_context(atomic_folder(folder))  # replaces folder only once complete
+        except OSError as exc:
+            raise TLGeometryError(f"cannot write the model cache in {str(folder.parent)!r} ({exc.strerror or exc}): set "
+                                  "TL_GEOMETRY_CACHE to a writable folder") from None
         gguf = spec.locate_gguf()
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
         if spec.architectures:
@@ -170,10 +167,6 @@ def _build_cache(spec: BundledModel, folder: Path) -> None:
         hf_model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp), indent=1))
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)  # atomic: a half-written cache is never seen as complete
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _load_bundled(spec: BundledModel, device, dtype: torch.dtype):

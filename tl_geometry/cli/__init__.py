@@ -1,5 +1,5 @@
 """The ``tl-geometry`` command line: ``analyze``, ``report``, ``prune``, ``stream`` and friends."""
 
-from .commands import build_parser, main
+from .parser import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -2,7 +2,7 @@
 
 ``tl-geometry analyze`` cuts windows from a corpus, streams the model once over them and
 writes per-head separability (top-N vs random), sink diagnostics, regime certificates and the
-head taxonomy into a run folder (:class:`~tl_geometry.run_folder.RunFolder`). Every input is
+head taxonomy into a run folder (:class:`~tl_geometry.run.run_folder.RunFolder`). Every input is
 checked before the model loads where it can be, and before the forward otherwise. A user error
 (:class:`~tl_geometry.errors.TLGeometryError`) is one line on stderr and exit status 2; anything
 else is a bug and keeps its traceback.
@@ -19,60 +19,17 @@ from pathlib import Path
 from ..errors import TLGeometryError
 from ..io import atomic_path
 from ..run.run_folder import RunFolder
+from .options import PROTOCOLS, apply_protocol, check_positive, parse_fractions, parse_n, parse_repeats
 
-__all__ = ["main"]
-
-
-def _parse_n(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise TLGeometryError(f"--n must be comma-separated integers, e.g. 1,2,4,8; got {text!r}") from None
-    if not values or min(values) < 1:
-        raise TLGeometryError(f"--n values must be integers ≥ 1; got {text!r}")
-    return values
-
-
-def _parse_repeats(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise TLGeometryError(f"--repeats must be 'auto' or an integer ≥ 0; got {text!r}") from None
-
-
-# Window length, query protocol, N ladder and random rankings of each protocol; explicit flags win.
-PROTOCOLS = {
-    "default": {"seq_len": 256, "queries": "last", "n": "1,2,4,8,16,32", "repeats": "auto"},
-    "paper": {"seq_len": 1024, "queries": "last", "n": "1,2,4,8,16,32", "repeats": "16"},
-}
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: …)`` except for options whose default comes from ``--protocol``."""
-
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
-def _apply_protocol(args: argparse.Namespace) -> None:
-    for name, value in PROTOCOLS[args.protocol].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-
-
-def _positive(flag: str, value: int) -> None:
-    if value < 1:
-        raise TLGeometryError(f"{flag} must be ≥ 1; got {value}")
+__all__ = ["analyze_command", "prune_command", "stream_command", "report_command", "compare_command"]
 
 
 def _drilldowns(model, analysis, windows) -> dict[str, str]:
     """Drill-down figures (JSON by regime) of the most confident head of each regime on the first
     window, saved so ``tl-geometry report`` can rebuild the page without the model."""
     from ..label.taxonomy import REGIMES
-    from ..present.plots import head_drilldown
-    from ..run.analysis import tokenize_texts
+    from ..present.drilldown import head_drilldown
+    from ..run.inputs import tokenize_texts
 
     text = model.tokenizer.decode(windows.tokens[0, 1:65].tolist())
     n = min(4, tokenize_texts(model, [text])[0].shape[1] - 1)  # N < the sources of the last query
@@ -96,7 +53,7 @@ def _report_parts(run: RunFolder, say=print) -> dict:
     """What report.html is built from, read from the files of a run folder (no model needed);
     derived tables of another analysis are left out, with a word."""
     from ..present.report import derived_results
-    from ..run.analysis import Analysis
+    from ..run.results import Analysis
 
     analysis = Analysis.load(run.path)
     extras, left_out = derived_results(run, analysis)
@@ -195,27 +152,27 @@ def _say_results(analysis, queries: str, say) -> None:
             say(f"  {line}")
 
 
-def _analyze(args: argparse.Namespace) -> None:
-    from ..capture.adapters import describe_model
+def analyze_command(args: argparse.Namespace) -> None:
     from ..capture.corpus import load_corpus, make_windows
+    from ..capture.model_info import describe_model
     from ..capture.models import BUNDLED_MODELS, load_model
     from ..config import RunConfig
     from ..run.analysis import analyze
     from ..run.distributed import barrier, init_from_env, shard_path
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
-    _apply_protocol(args)
+    apply_protocol(args)
     _check_model_name(args.model)
     _check_model_flags(args, args.model in BUNDLED_MODELS)
     if args.seq_len < 2:
         raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
-    _positive("--windows", args.windows)
-    _positive("--batch-size", args.batch_size)
-    ns = _parse_n(args.n)
+    check_positive("--windows", args.windows)
+    check_positive("--batch-size", args.batch_size)
+    ns = parse_n(args.n)
     if max(ns) >= args.seq_len:
         raise TLGeometryError(f"--n {max(ns)} is out of range for --seq-len {args.seq_len}: every N must be < the "
                               "number of sources (lower --n or raise --seq-len)")
-    config = RunConfig(n=ns, queries=args.queries, repeats=_parse_repeats(args.repeats), seed=args.seed)
+    config = RunConfig(n=ns, queries=args.queries, repeats=parse_repeats(args.repeats), seed=args.seed)
     run = RunFolder(args.out or _default_out(args))
     rank, world_size = init_from_env()  # under torchrun: windows are sharded over the ranks
     if rank > 0:
@@ -268,7 +225,7 @@ def _finished_run(args: argparse.Namespace):
     model loads: the folder, its analysis, the model name (``--model`` or the run's settings), the
     run's seed and its corpus."""
     from ..capture.corpus import load_corpus
-    from ..run.analysis import Analysis
+    from ..run.results import Analysis
 
     run = RunFolder(args.run)
     analysis = Analysis.load(run.path)
@@ -296,21 +253,15 @@ def _resume_or_restart(checkpoint, say) -> None:
         say(f"removed {checkpoint.path.name}: {problem}; starting afresh")
 
 
-def _prune(args: argparse.Namespace) -> None:
-    from ..capture.adapters import describe_model
+def prune_command(args: argparse.Namespace) -> None:
     from ..capture.corpus import make_windows
+    from ..capture.model_info import describe_model
     from ..capture.models import load_model
-    from ..intervene.interventions import (
-        IMPORTANCE_METHODS,
-        head_importance,
-        pruning_curve,
-        scan_checkpoint,
-        single_head_scan,
-        topn_deletion,
-    )
+    from ..intervene.importance import IMPORTANCE_METHODS, head_importance
+    from ..intervene.pruning import pruning_curve, scan_checkpoint, single_head_scan, topn_deletion
 
     for flag in ("--windows", "--seq-len", "--scan-windows", "--scan-seq-len"):
-        _positive(flag, getattr(args, flag[2:].replace("-", "_")))
+        check_positive(flag, getattr(args, flag[2:].replace("-", "_")))
     if args.seq_len < 2 or args.scan_seq_len < 2:
         raise TLGeometryError("--seq-len and --scan-seq-len must be ≥ 2 (BOS and at least one token)")
     run, analysis, name, seed, corpus = _finished_run(args)
@@ -348,20 +299,20 @@ def _prune(args: argparse.Namespace) -> None:
         print(report.resolve())
 
 
-def _stream(args: argparse.Namespace) -> None:
-    from ..capture.adapters import describe_model
+def stream_command(args: argparse.Namespace) -> None:
     from ..capture.corpus import make_windows
+    from ..capture.model_info import describe_model
     from ..capture.models import load_model
     from ..intervene.streaming import check_streaming_arguments, stream_checkpoint, streaming_curve
 
     if args.seq_len is None:
         args.seq_len = PROTOCOLS[args.protocol]["seq_len"]
     for flag in ("--windows", "--seeds"):
-        _positive(flag, getattr(args, flag[2:].replace("-", "_")))
+        check_positive(flag, getattr(args, flag[2:].replace("-", "_")))
     if args.seq_len < 2:
         raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
     orders = tuple(args.orders.split(","))
-    fractions = _parse_fractions(args.fractions)
+    fractions = parse_fractions(args.fractions)
     check_streaming_arguments(args.seq_len, fractions, orders, args.window, args.sink, args.seeds)
     run, analysis, name, seed, corpus = _finished_run(args)
     run_id = analysis.geometry.settings.get("run_id")
@@ -389,17 +340,7 @@ def _stream(args: argparse.Namespace) -> None:
         print(report.resolve())
 
 
-def _parse_fractions(text: str) -> tuple[float, ...]:
-    try:
-        fractions = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise TLGeometryError(f"--fractions must be numbers in (0, 1] separated by commas; got {text!r}") from None
-    if not all(0 < f <= 1 for f in fractions):
-        raise TLGeometryError(f"--fractions must lie in (0, 1] (the share of kv heads that stream); got {text!r}")
-    return fractions
-
-
-def _report(args: argparse.Namespace) -> None:
+def report_command(args: argparse.Namespace) -> None:
     run = RunFolder(args.run)
     parts = _report_parts(run, lambda *a: print(*a, file=sys.stderr))  # every file read before anything is written
     run.check_writable()
@@ -407,10 +348,10 @@ def _report(args: argparse.Namespace) -> None:
         print(_write_report(run, parts=parts).resolve())
 
 
-def _compare(args: argparse.Namespace) -> None:
+def compare_command(args: argparse.Namespace) -> None:
     from ..present.report import build_comparison
-    from ..run.analysis import Analysis
     from ..run.compare import compare
+    from ..run.results import Analysis
 
     runs = [RunFolder(path) for path in (args.run_a, args.run_b)]
     resolved = [run.path.resolve() for run in runs]
@@ -443,139 +384,3 @@ def _compare(args: argparse.Namespace) -> None:
             tmp.write_text(html, encoding="utf-8")
     print(page.resolve())
 
-
-def _model_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: TransformerLens's choice)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                        help="model weights (default %(default)s); geometry is always computed in float32 or wider")
-    parser.add_argument("--device-map", default=None, help="hub models: e.g. auto, to spread layers over GPUs")
-    parser.add_argument("--n-devices", type=int, default=None, help="hub models: number of GPUs to split layers over")
-
-
-def _threads_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads for this command (default: torch's; 1 can be far faster on a "
-                             "small machine others share: docs/performance.md)")
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int | None):
-    """The command's torch thread count, restored after it (``main`` also runs inside notebooks
-    and tests, whose threads are theirs)."""
-    if threads is None:
-        yield
-        return
-    if threads < 1:
-        raise TLGeometryError(f"--threads must be at least 1; got {threads}.")
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0],
-                                     formatter_class=_HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    fmt = _HelpFormatter
-    analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus", formatter_class=fmt,
-                             description="Measure separability, sink diagnostics, certificates and the head taxonomy "
-                                         "over corpus windows, and write a run folder with report.html.")
-    analyze.add_argument("--model", default="smollm2-135m",
-                         help="bundled offline model (smollm2-135m, gemma-3-270m) or a Hugging Face name")
-    analyze.add_argument("--corpus", default="python-reference",
-                         help="offline: python-reference, lee-news; hub: wikitext-103, openwebtext; or a .txt/.jsonl path")
-    analyze.add_argument("--protocol", choices=list(PROTOCOLS), default="default",
-                         help="preset of --seq-len, --queries, --n and --repeats: default (256-token windows, last "
-                              "query, N = 1..32, auto random rankings) or paper (the published setting: 1024-token "
-                              "windows, final query, N = 1..32, 16 random rankings); explicit flags override it")
-    analyze.add_argument("--windows", type=int, default=64, help="number of windows cut from the corpus")
-    analyze.add_argument("--seq-len", type=int, default=None,
-                         help="tokens per window, BOS included (default: 256; 1024 with --protocol paper)")
-    analyze.add_argument("--n", "--n-values", dest="n", default=None,
-                         help="comma-separated N values, each < --seq-len (default: 1,2,4,8,16,32); spell it "
-                              "--n-values under torchrun, whose parser claims --n")
-    analyze.add_argument("--queries", choices=["last", "all"], default=None,
-                         help="measure the last query of each window, or every query (default: last)")
-    analyze.add_argument("--repeats", default=None,
-                         help="random rankings per query, or auto: 16 with --queries last, one per "
-                              "query with --queries all (at least 16 draws per window and head); 0 skips the "
-                              "baseline (default: auto; 16 with --protocol paper)")
-    analyze.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
-    analyze.add_argument("--seed", type=int, default=0, help="seeds the windows and the random rankings")
-    analyze.add_argument("--out", default=None, help="run folder (default: runs/MODEL-CORPUS)")
-    _model_flags(analyze)
-    analyze.add_argument("--resume", action="store_true", help="continue an interrupted run in the same folder")
-    analyze.add_argument("--overwrite", action="store_true",
-                         help="replace a finished analysis in --out, with the pruning/scan results derived from it")
-    analyze.add_argument("--quiet", action="store_true", help="print only the report path")
-    _threads_flag(analyze)
-    analyze.set_defaults(handler=_analyze, interrupted="rerun the same command with --resume to continue")
-    prune = sub.add_parser("prune", help="pruning curves, single-head scan and top-N deletion for a finished run",
-                           formatter_class=fmt)
-    prune.add_argument("run", help="run folder written by tl-geometry analyze")
-    prune.add_argument("--windows", type=int, default=16, help="held-out windows (half rank gradient/entropy, half evaluate)")
-    prune.add_argument("--seq-len", type=int, default=256, help="tokens per held-out window")
-    prune.add_argument("--scan-windows", type=int, default=4, help="windows of the single-head scan")
-    prune.add_argument("--scan-seq-len", type=int, default=128, help="tokens per window of the single-head scan")
-    prune.add_argument("--model", default=None, help="model name when the run's settings do not say")
-    prune.add_argument("--quiet", action="store_true", help="print only the report path")
-    _threads_flag(prune)
-    prune.set_defaults(handler=_prune,
-                       interrupted="rerun the same command: the single-head scan continues from its checkpoint")
-    stream = sub.add_parser("stream", help="which kv heads can keep only the sink and a recent window: streaming "
-                            "curves per order for a finished run (SmolLM2 defaults: 11 min measured on 2 cores)",
-                            formatter_class=fmt)
-    stream.add_argument("run", help="run folder written by tl-geometry analyze")
-    stream.add_argument("--windows", type=int, default=1, help="held-out windows the loss is measured on")
-    stream.add_argument("--protocol", choices=list(PROTOCOLS), default="paper",
-                        help="preset of --seq-len: paper (1024-token held-out windows, where a 64-key window is a "
-                             "sixteenth of the context) or default (the analysis' 256); an explicit --seq-len wins")
-    stream.add_argument("--seq-len", type=int, default=None,
-                        help="tokens per held-out window (default: 1024; 256 with --protocol default)")
-    stream.add_argument("--window", type=int, default=64, help="recent keys a streaming head keeps, the query included")
-    stream.add_argument("--sink", type=int, default=4, help="first positions a streaming head keeps")
-    stream.add_argument("--orders", default="taxonomy,echo_induction,entropy,random,oracle",
-                        help="orders to measure, comma-separated (the oracle costs one evaluation per kv head)")
-    stream.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
-                        help="shares of kv heads that stream, comma-separated, in (0, 1]")
-    stream.add_argument("--seeds", type=int, default=3, help="random orders")
-    stream.add_argument("--model", default=None, help="model name when the run's settings do not say")
-    stream.add_argument("--quiet", action="store_true", help="print only the report path")
-    _threads_flag(stream)
-    stream.set_defaults(handler=_stream, interrupted="rerun the same command: it continues from its checkpoint")
-    report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results",
-                            formatter_class=fmt)
-    report.add_argument("run", help="run folder written by tl-geometry analyze")
-    report.set_defaults(handler=_report, interrupted="rerun the same command")
-    comparison = sub.add_parser("compare", help="compare two finished runs head by head (agreement, kappa, "
-                                "transitions, per-head differences)", formatter_class=fmt)
-    comparison.add_argument("run_a", help="first run folder (e.g. float32, base model, first corpus)")
-    comparison.add_argument("run_b", help="second run folder; differences are second minus first")
-    comparison.add_argument("--out", default=None, help="folder for compare.html and compare.csv "
-                            "(default: runs/compare-A-vs-B)")
-    comparison.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out")
-    comparison.set_defaults(handler=_compare, interrupted="rerun the same command")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        with _torch_threads(getattr(args, "threads", None)):
-            args.handler(args)
-    except TLGeometryError as exc:
-        print(f"tl-geometry: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"tl-geometry: interrupted; {args.interrupted}", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -26,7 +26,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..capture.adapters import describe_model, sequence_nll
+from ..capture.adapters import sequence_nll
+from ..capture.model_info import describe_model
 from ..errors import TLGeometryError
 
 __all__ = ["DEFAULT_REPLAY_MEMORY", "ReplayedForwards", "first_changed_layer", "token_mean"]

@@ -10,14 +10,14 @@ alone first:
   (``argmax α_j‖v_j‖``) lies ``window`` or more positions back, the largest over the kv head's
   query heads; least first.
 - ``"echo_induction"``: RazorAttention's data-free rule on repeated random tokens: the
-  duplicate-token (echo) plus the induction score of :func:`~tl_geometry.head_types`; least first.
+  duplicate-token (echo) plus the induction score of :func:`~tl_geometry.label.head_types`; least first.
 - ``"entropy"``: the mean attention entropy over the windows; the sharpest heads first.
 - ``"random"``: seeded permutations (mean and spread over seeds).
 - ``"oracle"``: ΔNLL of streaming each kv head alone; cheapest first (one evaluation per kv head).
 
 Example:
     >>> res = tlg.analyze(model, windows)                                           # doctest: +SKIP
-    >>> curve = tlg.streaming_curve(model, long_windows, res, window=64, sink=4)    # doctest: +SKIP
+    >>> curve = tlg.intervene.streaming_curve(model, long_windows, res, window=64, sink=4)    # doctest: +SKIP
     >>> curve.to_dataframe()                                                        # doctest: +SKIP
 """
 
@@ -32,14 +32,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..capture.adapters import ModelInfo, describe_model
+from ..capture.model_info import ModelInfo, describe_model
 from ..config import STREAMING_ORDERS, StreamingOrder
 from ..errors import TLGeometryError
 from ..io import token_digest
 from ..label.head_types import HeadTypes, head_types
 from ..label.taxonomy import HeadTaxonomy
 from ..run.checkpoint import KeyedCheckpoint
-from .interventions import ablate_heads, check_window, head_importance
+from .ablation import ablate_heads, check_window
+from .importance import head_importance
 from .residual_replay import ReplayedForwards
 
 __all__ = ["StreamingOrder", "STREAMING_ORDERS", "StreamingCurve", "streaming_curve", "check_streaming_arguments",
@@ -222,7 +223,7 @@ def streaming_curve(
     needed for the ``"taxonomy"`` order; ``types``: this model's :class:`HeadTypes` if already
     measured (else measured here for ``"echo_induction"``). ``orders`` and ``fractions`` take one
     value alone too. Every set of kv heads is evaluated once (``checkpoint``: a file that a rerun
-    with the same windows, window and sink resumes from, :mod:`~tl_geometry.checkpoint`). Costs one evaluation of ``tokens`` per kv head for the
+    with the same windows, window and sink resumes from, :mod:`~tl_geometry.run.checkpoint`). Costs one evaluation of ``tokens`` per kv head for the
     oracle, one per (order, fraction) otherwise, one forward of 101 tokens for the echo/induction
     scores and one pass over ``tokens`` for the entropies.
     """

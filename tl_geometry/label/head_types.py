@@ -10,7 +10,7 @@ run over every head of a layer at once from one streamed forward. docs/metrics.m
 head types") says how they relate to the regimes.
 
 ``tlg.analyze(model, ...)`` attaches them itself (``head_types=False`` skips the extra forward);
-from a cache, attach them with :meth:`~tl_geometry.analysis.Analysis.with_head_types`:
+from a cache, attach them with :meth:`~tl_geometry.run.results.Analysis.with_head_types`:
 
     >>> res = tlg.analyze(cache, tokens).with_head_types(tlg.head_types(model))  # doctest: +SKIP
     >>> res.heads_table()[["name", "regime", "dominant_offset", "induction"]]      # doctest: +SKIP
@@ -31,7 +31,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..errors import TLGeometryError
-from ..io import head_name, load_tensors, save_tensors
+from ..heads import head_columns
+from ..io import load_tensors, save_tensors
 
 __all__ = ["HeadType", "HEAD_TYPES", "HEAD_TYPES_FILE", "HeadTypes", "head_types", "repeated_random_tokens"]
 
@@ -87,16 +88,13 @@ class HeadTypes:
         """One row per head: layer, head, name and the three scores."""
         import pandas as pd
 
-        layers, heads = self.shape
-        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
-        table: dict[str, Any] = {"layer": grid[:, 0].numpy(), "head": grid[:, 1].numpy(),
-                                 "name": [head_name(a, b) for a, b in grid.tolist()]}
+        table: dict[str, Any] = head_columns(*self.shape)
         for kind in HEAD_TYPES:
             table[kind] = getattr(self, kind).reshape(-1).double().numpy()
         return pd.DataFrame(table)
 
     def crosstab(self, taxonomy, threshold: float = DEFAULT_THRESHOLD):
-        """Head counts: regimes (rows, of a :class:`~tl_geometry.taxonomy.HeadTaxonomy` of the
+        """Head counts: regimes (rows, of a :class:`~tl_geometry.label.taxonomy.HeadTaxonomy` of the
         same model) against :meth:`labels` (columns). A DataFrame with margins."""
         import pandas as pd
 
@@ -128,7 +126,7 @@ class HeadTypes:
 
 def repeated_random_tokens(model: Any, length: int = 50, seed: int = 0) -> Int[Tensor, "1 pos"]:
     """``[1, 1 + 2·length]``: BOS, then ``length`` random token ids (no special tokens) twice."""
-    from ..capture.adapters import describe_model
+    from ..capture.model_info import describe_model
 
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise TLGeometryError(f"length must be an int ≥ 2 (random tokens before the repeat), got {length!r}.")
@@ -156,7 +154,7 @@ def _detection_patterns(tokens: Int[Tensor, "1 pos"]) -> Float[Tensor, "3 pos po
 
 def auto_length(model: Any) -> int:
     """``length="auto"``: 50 random tokens, or as many as the model's context holds twice after BOS."""
-    from ..capture.adapters import describe_model
+    from ..capture.model_info import describe_model
 
     n_ctx = describe_model(model).n_ctx
     return 50 if n_ctx is None else min(50, (n_ctx - 1) // 2)
@@ -169,7 +167,7 @@ def head_types(model: Any, *, length: int | Literal["auto"] = "auto", seed: int 
     from one forward of :func:`repeated_random_tokens` (``length="auto"``: 50 tokens, fewer where
     the context is shorter), or of your own ``tokens`` ``[1, pos]`` (then equal to ``detect_head``
     on a text whose ``model.to_tokens`` they are). ``tlg.analyze`` attaches them; attach them to
-    an analysis of a cache with :meth:`~tl_geometry.analysis.Analysis.with_head_types`.
+    an analysis of a cache with :meth:`~tl_geometry.run.results.Analysis.with_head_types`.
     ``allow_hooks``: as in ``tlg.analyze``."""
     from ..capture.hooks import warn_hooks_left
 
@@ -192,7 +190,7 @@ def head_types(model: Any, *, length: int | Literal["auto"] = "auto", seed: int 
 
 def _given_tokens(model: Any, tokens: Any) -> Int[Tensor, "1 pos"]:
     """The caller's token ids as ``[1, pos]`` on the CPU, or one line saying what fits."""
-    from ..capture.adapters import describe_model
+    from ..capture.model_info import describe_model
 
     ids = torch.as_tensor(tokens).detach().cpu()
     if ids.ndim == 1:
@@ -206,7 +204,8 @@ def _given_tokens(model: Any, tokens: Any) -> Int[Tensor, "1 pos"]:
 
 def _scores(model: Any, tokens: Int[Tensor, "1 pos"]) -> tuple[Float[Tensor, "layer head 3"], Tensor]:
     """``detect_head``'s "mul" scores of every head on ``tokens`` (one forward), and the patterns."""
-    from ..capture.adapters import describe_model, stream_layers
+    from ..capture.adapters import stream_layers
+    from ..capture.model_info import describe_model
 
     info = describe_model(model)
     patterns = _detection_patterns(tokens)

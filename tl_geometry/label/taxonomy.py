@@ -1,6 +1,6 @@
 """Parameter-free head taxonomy (docs/metrics.md#taxonomy): Retriever / Mixer / Reset from winner-source votes.
 
-A head's label is the plurality of its votes (:mod:`~tl_geometry.votes`) over all analysed
+A head's label is the plurality of its votes (:mod:`~tl_geometry.measure.votes`) over all analysed
 queries and sequences: ``retriever`` (current), ``mixer`` (sink), and ``reset`` when ``other``
 leads or the lead is tied. Vote shares are the confidence; the dominant offset of ``other``
 votes tells a previous-token head (offset 1) from a diffuse one.
@@ -24,7 +24,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..errors import TLGeometryError
-from ..io import head_name, load_tensors, save_tensors
+from ..heads import head_columns
+from ..io import load_tensors, save_tensors
 from ..measure.votes import VOTES
 
 __all__ = ["REGIMES", "HeadTaxonomy", "TaxonomyAccumulator"]
@@ -161,10 +162,7 @@ class HeadTaxonomy:
         and (when known) the dominant offset."""
         import pandas as pd
 
-        layers, heads = self.shape
-        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads)).numpy()
-        base = {"layer": grid[:, 0], "head": grid[:, 1], "name": [head_name(a, b) for a, b in grid],
-                "regime": self.labels.reshape(-1)}
+        base = {**head_columns(*self.shape), "regime": self.labels.reshape(-1)}
         metrics = {f"votes_{k}": self.votes[..., i] for i, k in enumerate(VOTES)}
         metrics.update({f"share_{k}": self.shares[..., i] for i, k in enumerate(VOTES)})
         if self.offsets is not None:

@@ -1,6 +1,6 @@
 """Everything the analysis measures on one layer, behind one small contract with two backends.
 
-:func:`measure_layer` takes a :class:`~tl_geometry.adapters.LayerAttention`, the run's
+:func:`measure_layer` takes a :class:`~tl_geometry.capture.adapters.LayerAttention`, the run's
 :class:`~tl_geometry.config.RunConfig` and the random ranking scores, and returns
 :class:`LayerMeasures`: named per-query tensors (top-N metrics, random baseline, sink-excluded
 F, alignments, certificates), per-row sink statistics, per-kv-head value statistics and the
@@ -13,7 +13,7 @@ taxonomy votes. Backends:
   ``sink_aware_bounds``, ``fit_regime`` and ``vote_counts`` composed, each on its own.
 
 Both give the same numbers (the engine does its scalar arithmetic in float64);
-``tests/test_layer_measures.py`` checks it on random inputs and on tiny models of both classes.
+``tests/measure/test_layer_measures.py`` checks it on random inputs and on tiny models of both classes.
 """
 
 from __future__ import annotations
@@ -29,17 +29,11 @@ from torch import Tensor
 from .. import _engine as engine
 from ..backend import Backend, resolve_backend
 from ..config import RunConfig
+from .certificates import CERTIFICATE_KEYS, certificate_tables, sink_aware_bounds, unit_roundoff
 from .metrics import inversion_bounds, separability, separability_over_rankings
 from .query_rows import check_values, finite_values, query_positions, squared_norm_limit, working_dtype
 from .random_orders import random_top_orders
-from .regime import (
-    CERTIFICATE_KEYS,
-    certificate_tables,
-    fit_from_statistics,
-    sink_aware_bounds,
-    unit_roundoff,
-    value_statistics,
-)
+from .regime import fit_from_statistics, value_statistics
 from .selection import first_visible
 from .sink import f_by_sink, sink_geometry, value_sink_statistics
 from .votes import offset_counts, votes_from_winners, winner_sources
@@ -129,11 +123,11 @@ def measure_layer(att, config: RunConfig, random: RandomDraws | None, backend: B
     backend = resolve_backend(backend, att.pattern.device)
     if random is not None and random.repeats == 0:
         random = None
-    # The fused pass checks the values from their squared norms (see _measure_fused).
+    # The numba pass checks the values from their squared norms (see _measure_numba).
     if backend == "torch":
         att = replace(att, kv_values=finite_values(att.kv_values, att.key_mask, working_dtype(att.pattern, att.kv_values)))
     if backend == "numba":
-        out = _measure_fused(att, config, random, Workspace() if workspace is None else workspace)
+        out = _measure_numba(att, config, random, Workspace() if workspace is None else workspace)
     else:
         out = _measure_torch(att, config, random)
     _add_derived(out, config, att.window)
@@ -227,15 +221,10 @@ def _positions(att, queries: str) -> Tensor:
     return query_positions(att.query_mask, queries)
 
 
-def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace: Workspace) -> LayerMeasures:
-    from .query_rows import (
-        GRAM_BYTES,
-        block_grams,
-        check_distribution,
-        gram_blocks,
-        row_sum_tolerance,
-    )
+def _measure_numba(att, config: RunConfig, random: RandomDraws | None, workspace: Workspace) -> LayerMeasures:
+    from .query_rows import check_distribution, row_sum_tolerance
     from .selection import squared_value_norms, value_norms64
+    from .separability_job import GRAM_BYTES, block_grams, gram_blocks
 
     pattern = att.pattern.detach()
     if pattern.dtype not in (torch.float32, torch.float64):
@@ -335,7 +324,7 @@ def _measure_fused(att, config: RunConfig, random: RandomDraws | None, workspace
         gather = rows[:, None, :].expand(batch, heads, -1)
         total, negatives, visible = (x.gather(2, gather) for x in out.checks)
         check_distribution(total, negatives > 0, visible, query_mask.gather(1, rows), att.pattern.dtype)
-        raise AssertionError("the fused pass flagged a row that check_distribution accepts")
+        raise AssertionError("the numba pass flagged a row that check_distribution accepts")
 
     out_dtype = dtype
     # The kernel's columns are the distinct N in increasing order; back to the caller's order

@@ -11,7 +11,7 @@ has aggregate ``s_N = Σ_{i∈S} y_i`` and distances ``D_i = d(y_i, s_N)``; then
 
 Speed: distances need only ``‖y_i‖² = α_i²‖v_i‖²``, ``⟨y_i, s_N⟩ = α_i⟨v_i, s_N⟩`` and
 ``‖s_N‖²``, and top-N sets are nested. The arguments are checked once (``query_rows``) into a
-job that one of two backends computes: ``separability_fused`` for CPU tensors (a numba kernel,
+job that one of two backends computes: ``separability_numba`` for CPU tensors (a numba kernel,
 one query row at a time, Gram-matrix updates per new source) and ``separability_torch``
 elsewhere (vectorised over query chunks). Nothing loops over heads or queries in Python.
 
@@ -36,7 +36,8 @@ from torch import Tensor
 from ..backend import Backend, resolve_backend
 from ..config import Distance, Queries, Ranking
 from ..errors import TLGeometryError
-from .query_rows import SeparabilityJob, as_n_tuple, prepare_separability
+from .query_rows import as_n_tuple
+from .separability_job import SeparabilityJob, prepare_separability
 from .separability_torch import CHUNK_ELEMENTS, separability_torch
 
 __all__ = [
@@ -125,7 +126,7 @@ def separability(
             (default None: its whole causal prefix). Keys out of view are no candidates of any
             statistic, and a row whose window has left position 0 behind has no sink.
         chunk_elements: torch backend: bound on ``batch·head·query_chunk·key`` per working tensor.
-        backend: ``"auto"`` (the fused numba kernel for CPU tensors, torch otherwise),
+        backend: ``"auto"`` (the numba kernel for CPU tensors, torch otherwise),
             ``"numba"`` or ``"torch"``. Both implement the same definitions; see docs/performance.md.
 
     Returns:
@@ -154,9 +155,9 @@ def _separability(pattern, v, n, *, distance="euclidean", ranking="attention", q
 def _run_backend(job: SeparabilityJob, backend: Backend, chunk_elements: int, gram_cache: dict | None):
     """The job on the chosen backend (see ``tl_geometry.backend``)."""
     if resolve_backend(backend, job.pattern.device) == "numba":
-        from .separability_fused import separability_fused
+        from .separability_numba import separability_numba
 
-        return separability_fused(job, gram_cache=gram_cache)
+        return separability_numba(job, gram_cache=gram_cache)
     return separability_torch(job, chunk_elements=chunk_elements)
 
 

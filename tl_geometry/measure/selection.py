@@ -106,7 +106,7 @@ def selection_scores(
     value_norm: Float[Tensor, "batch kv key"] | None,
     group: int,
 ) -> Float[Tensor, "batch head q key"]:
-    """Scores that decide every top-N set (the fused kernels apply the same rule): ``α``,
+    """Scores that decide every top-N set (the numba kernels apply the same rule): ``α``,
     ``α·‖v‖`` in float64 with ``‖v‖`` from :func:`value_norms64`, or the caller's scores;
     candidates' scores clamped to finite values and non-candidates at ``-inf``, so a candidate
     scored ``-inf`` still comes before every non-candidate. Ties are broken by :func:`top_order`."""

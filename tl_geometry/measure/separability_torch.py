@@ -1,8 +1,8 @@
 """The torch separability backend (any device): vectorised over batch, heads and a chunk of queries.
 
 Per N two skinny matmuls per query chunk (``s_N = (α·1_S) V`` and ``V s_N``), one ``topk`` per
-row, inversions by ``searchsorted``. Takes a :class:`~tl_geometry.query_rows.SeparabilityJob`
-and returns :class:`~tl_geometry.query_rows.MetricFields`, as the fused backend does.
+row, inversions by ``searchsorted``. Takes a :class:`~tl_geometry.measure.separability_job.SeparabilityJob`
+and returns :class:`~tl_geometry.measure.separability_job.MetricFields`, as the numba backend does.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .query_rows import MetricFields, SeparabilityJob, check_rows, gather_rows
+from .query_rows import check_rows, gather_rows
 from .selection import (
     COS_EPS,
     precision_from_outside,
@@ -19,6 +19,7 @@ from .selection import (
     value_norms64,
     visible_sources,
 )
+from .separability_job import MetricFields, SeparabilityJob
 
 __all__ = ["separability_torch", "CHUNK_ELEMENTS"]
 

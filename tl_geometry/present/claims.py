@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..label.taxonomy import REGIMES
-from ..run.analysis import Analysis
+from ..run.results import Analysis
 
 __all__ = ["PAPER_CLAIMS", "claims_table"]
 

@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,23 +20,17 @@ import torch
 from plotly.subplots import make_subplots
 
 from ..errors import TLGeometryError
-from ..io import head_name, parse_head
+from ..heads import head_name, head_names
 from ..label.head_types import HEAD_TYPES
 from ..label.taxonomy import REGIMES, HeadTaxonomy
-from ..run.analysis import Analysis
 from ..run.compare import Comparison
+from ..run.results import Analysis
+from .drilldown import head_drilldown, visible_token
+from .job_plots import pruning_plot, streaming_plot, topn_plot
+from .style import REGIME_COLORS, safe_text
 
 __all__ = ["REGIME_COLORS", "safe_text", "visible_token", "head_map", "grid_figure", "separability_curves", "sink_plots", "regime_fractions",
            "pruning_plot", "streaming_plot", "head_drilldown", "topn_plot", "comparison_figures"]
-
-# Okabe–Ito colours: distinguishable with every common colour-vision deficiency (the test checks
-# them under a simulated deuteranopia).
-REGIME_COLORS = {"retriever": "#0072B2", "mixer": "#E69F00", "reset": "#CC79A7"}
-
-
-def safe_text(text: Any) -> str:
-    """HTML-escaped string (quotes included): safe inside plotly text and any HTML attribute."""
-    return html.escape(str(text), quote=True)
 
 
 def _n_index(res: Analysis, n: int | None) -> tuple[int, int]:
@@ -99,7 +92,7 @@ def grid_figure(values: torch.Tensor, hover: list[list[str]], *, title: str, col
     metric (Viridis, or a diverging red-blue scale centred on 0). Every cell carries its head name
     ``L{l}H{h}`` as ``customdata`` and ``hover`` as its hover text."""
     layers, heads = values.shape
-    names = [[head_name(layer, head) for head in range(heads)] for layer in range(layers)]
+    names = head_names(layers, heads)
     trace: dict[str, Any] = {"z": _grid(values), "x": list(range(heads)), "y": list(range(layers)), "customdata": names,
                              "text": hover, "hoverinfo": "text", "xgap": 1, "ygap": 1, "name": title}
     fig = go.Figure()
@@ -295,7 +288,7 @@ def regime_fractions(taxonomy: HeadTaxonomy | Mapping[str, HeadTaxonomy]) -> go.
 
 
 def comparison_figures(comparison: Comparison) -> list[tuple[str, go.Figure]]:
-    """The figures of a :class:`~tl_geometry.compare.Comparison`, titled: regime fractions and
+    """The figures of a :class:`~tl_geometry.run.compare.Comparison`, titled: regime fractions and
     F_N gaps side by side, and with the same grid of heads the transition matrix, a map of the
     heads whose label changed, and maps of the per-head differences (``b − a``)."""
     c = comparison
@@ -337,167 +330,4 @@ def comparison_figures(comparison: Comparison) -> list[tuple[str, go.Figure]]:
         figures.append((title, fig))
     return figures
 
-
-def pruning_plot(curves) -> go.Figure:
-    """Relative ΔNLL against retention (share of heads kept), one line per importance method."""
-    fig = go.Figure()
-    for method, frame in curves.groupby("method", sort=False):
-        frame = frame.sort_values("retention")
-        color = REGIME_COLORS["mixer"] if method == "taxonomy" else None
-        fig.add_trace(go.Scatter(x=frame["retention"].tolist(), y=frame["delta_nll"].tolist(), name=safe_text(method),
-                                 mode="lines+markers", line={"color": color, "width": 3 if method == "taxonomy" else 1.5}))
-    fig.update_layout(title="Pruning: loss increase against heads kept", xaxis={"title": "retention", "autorange": "reversed"},
-                      yaxis={"title": "ΔNLL (relative)"}, template="plotly_white", height=380)
-    return fig
-
-
-def streaming_plot(curve) -> go.Figure:
-    """Relative ΔNLL against the share of kv heads that stream (:class:`~tl_geometry.StreamingCurve`),
-    one line per order; the random orders' mean with their range as a band."""
-    fig = go.Figure()
-    x = list(curve.fractions)
-    if "random" in curve.delta_nll:
-        runs = curve.delta_nll["random"]
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=runs.amax(0).tolist() + runs.amin(0).tolist()[::-1], fill="toself",
-                                 line={"width": 0}, fillcolor="rgba(128,128,128,0.2)", hoverinfo="skip",
-                                 name=f"random (range of {runs.shape[0]} seeds)"))
-    for name in curve.delta_nll:
-        style = {"color": REGIME_COLORS["mixer"], "width": 3} if name == "taxonomy" else {"width": 1.5}
-        if name == "oracle":
-            style = {"color": "black", "dash": "dot", "width": 2}
-        fig.add_trace(go.Scatter(x=x, y=curve.mean_curve(name).tolist(), mode="lines+markers", line=style,
-                                 name=safe_text("random (mean)" if name == "random" else name)))
-    settings = curve.settings
-    fig.update_layout(title=safe_text(f"Streaming kv heads (sink {settings.get('sink')} + window {settings.get('window')} "
-                                      f"of {settings.get('seq_len')} tokens): loss against the share streamed"),
-                      xaxis={"title": "share of kv heads streaming", "range": [0, 1]},
-                      yaxis={"title": "ΔNLL (relative)"}, template="plotly_white", height=400)
-    return fig
-
-
-def topn_plot(deletion) -> go.Figure:
-    """ΔNLL of top-N attention deletion against N (one or more :class:`TopNDeletion`)."""
-    items = deletion if isinstance(deletion, list | tuple) else [deletion]
-    fig = go.Figure()
-    for item in items:
-        fig.add_trace(go.Scatter(x=list(item.n), y=item.delta_nll.tolist(), mode="lines+markers",
-                                 name="renormalised" if item.renormalise else "weights kept"))
-    for tau in (0.01, 0.05, 0.10):
-        fig.add_hline(y=tau, line={"dash": "dot", "color": "grey"}, annotation_text=f"{tau:.0%}")
-    fig.update_layout(title="Top-N attention deletion", xaxis={"title": "N kept per query", "type": "log"},
-                      yaxis={"title": "ΔNLL (relative)", "type": "log"}, template="plotly_white", height=380)
-    return fig
-
-
-def visible_token(text: str) -> str:
-    """A token for display: whitespace made visible (␣ space, ↵ newline, ⇥ tab, ∅ empty), then escaped."""
-    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\r", "␍").replace("\t", "⇥")
-    return safe_text(shown or "∅")
-
-
-def _off_scale(xy: torch.Tensor) -> int | None:
-    """The index of a point so far from the others (more than 4 times their spread) that an axis
-    range holding it would squash the rest to a dot, or None."""
-    if xy.shape[0] < 3:
-        return None
-    big = int(xy.norm(dim=-1).argmax())
-    others = torch.cat([xy[:big], xy[big + 1:]])
-    spread = float((others - others.mean(0)).norm(dim=-1).max())
-    return big if float((xy[big] - others.mean(0)).norm()) > 4 * max(spread, 1e-12) else None
-
-
-def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | None = None) -> go.Figure:
-    """One head on one text, at one query (default: the last token). The head as ``layer, head``
-    or in any of TransformerLens's conventions (``(3, 4)``, ``"L3H4"``, a flat index). Three panels:
-
-    - each source's attention, the top-N selected in red, the tokens on the axis;
-    - the distances ``D_j = ‖y_j − s_N‖`` sorted, selected sources marked, with ``ρ_max`` and
-      ``ρ_min`` as two lines: unselected points at or below ``ρ_max`` are what costs precision,
-      selected points at or above ``ρ_min`` what costs recall;
-    - the contributions ``y_i`` projected to 2-D (PCA) with ``s_N``; a source that dwarfs the
-      others (usually the sink) is left off the axis range and marked at its edge.
-    """
-    from ..capture.adapters import describe_model, stream_layers
-    from ..measure.metrics import separability
-    from ..measure.regime import sink_aware_bounds
-    from ..run.analysis import tokenize_texts
-
-    info = describe_model(model)
-    layer, head = parse_head(head if len(head) != 1 else head[0], info.n_layers, info.n_heads)
-    tokens, _ = tokenize_texts(model, [text])
-    seen = {}
-    stream_layers(model, tokens, lambda _layer, att: seen.setdefault("att", att), layers=[layer])
-    att = seen["att"]
-    t = tokens.shape[1] - 1 if query is None else int(query)
-    if not 0 < t < tokens.shape[1] or n >= t + 1:
-        raise TLGeometryError(f"query {t} with N={n} is out of range for {tokens.shape[1]} tokens (need N < t + 1).")
-    alpha = att.pattern[0, head, t, :t + 1].double()
-    v = att.v[0, :t + 1, head].double()
-    y = alpha[:, None] * v
-    order = sorted(range(t + 1), key=lambda j: (-float(alpha[j]), j))
-    selected = set(order[:n])
-    s = y[list(selected)].sum(0)
-    dist = (y - s).norm(dim=-1)
-    rho_max = max(float(dist[i]) for i in selected)
-    rho_min = min(float(dist[j]) for j in range(t + 1) if j not in selected)
-    prefix = (att.pattern[:, :, : t + 1, : t + 1], att.kv_values[:, : t + 1], n)
-    sep = separability(*prefix, queries=torch.tensor([t]))
-    p, r, f = (float(getattr(sep, k)[0, head, 0, 0]) for k in ("precision", "recall", "f"))
-    bounds = sink_aware_bounds(*prefix, queries=torch.tensor([t]))
-    p_low, r_low = float(bounds.precision[0, head, 0, 0]), float(bounds.recall[0, head, 0, 0])
-    if p_low > n / (t + 1) or r_low > 0:
-        certified = (f"certified: the top-{n} set is separable with precision ≥ {p_low:.2f}, "
-                     f"recall ≥ {r_low:.2f} (Theorems 1–2)")
-    else:
-        certified = "the certificate proves nothing beyond the trivial bounds here"
-    labels = [f"{j}: {visible_token(model.tokenizer.decode([x]))}" for j, x in enumerate(tokens[0, :t + 1].tolist())]
-    status = ["selected" if j in selected else "unselected" for j in range(t + 1)]
-    hover = [f"{label}<br>α={a:.3f}<br>‖y‖={c:.3f}<br>D={d:.3f}<br>{state}" for label, a, c, d, state in
-             zip(labels, alpha.tolist(), y.norm(dim=-1).tolist(), dist.tolist(), status, strict=True)]
-
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.42, 0.30, 0.28], horizontal_spacing=0.07,
-                        subplot_titles=(f"sources of query {labels[t]}", "distances to s_N, sorted",
-                                        "contributions y_i (PCA)"))
-    colors = ["#d62728" if j in selected else "#9e9e9e" for j in range(t + 1)]
-    fig.add_trace(go.Bar(x=labels, y=alpha.tolist(), name="attention α", marker_color=colors, hovertext=hover,
-                         hoverinfo="text", showlegend=False), row=1, col=1)
-    ranked = sorted(range(t + 1), key=lambda j: (float(dist[j]), j))
-    for group, color, symbol in (("selected", "#d62728", "circle"), ("unselected", "#9e9e9e", "circle-open")):
-        ranks = [rank for rank, j in enumerate(ranked) if status[j] == group]
-        fig.add_trace(go.Scatter(x=ranks, y=[float(dist[ranked[k]]) for k in ranks], mode="markers", name=group,
-                                 marker={"color": color, "size": 9, "symbol": symbol},
-                                 hovertext=[hover[ranked[k]] for k in ranks], hoverinfo="text"), row=1, col=2)
-    for radius, name, dash, position in ((rho_max, "ρ_max", "solid", "top left"),
-                                         (rho_min, "ρ_min", "dash", "bottom right")):
-        fig.add_hline(y=radius, line={"dash": dash, "color": "black", "width": 1}, annotation_text=name,
-                      annotation_position=position, row=1, col=2)
-    points = torch.cat([y, s[None]])
-    centred = points - points.mean(0)
-    basis = torch.linalg.svd(centred, full_matrices=False).Vh[:2] if centred.shape[0] > 1 else torch.eye(2, v.shape[1])
-    xy = centred @ basis.T
-    for group, color in (("selected", "#d62728"), ("unselected", "#9e9e9e")):
-        members = [j for j in range(t + 1) if status[j] == group]
-        fig.add_trace(go.Scatter(x=xy[members, 0].tolist(), y=xy[members, 1].tolist(), mode="markers", name=group,
-                                 marker={"color": color, "size": 8}, hovertext=[hover[j] for j in members],
-                                 hoverinfo="text", showlegend=False), row=1, col=3)
-    fig.add_trace(go.Scatter(x=[float(xy[-1, 0])], y=[float(xy[-1, 1])], mode="markers", name=f"s_N (N={n})",
-                             marker={"symbol": "star", "size": 15, "color": "black"}), row=1, col=3)
-    big = _off_scale(xy[:-1])
-    if big is not None:
-        rest = torch.cat([xy[:big], xy[big + 1:]])  # s_N stays in range
-        pad = 0.1 * float((rest.max(0).values - rest.min(0).values).max()) or 1.0
-        lo, hi = rest.min(0).values - pad, rest.max(0).values + pad
-        fig.update_xaxes(range=[float(lo[0]), float(hi[0])], row=1, col=3)
-        fig.update_yaxes(range=[float(lo[1]), float(hi[1])], row=1, col=3)
-        edge = torch.maximum(torch.minimum(xy[big], hi), lo)
-        fig.add_annotation(x=float(edge[0]), y=float(edge[1]), text=f"{labels[big]} (off scale)", showarrow=False,
-                           bgcolor="rgba(255,255,255,0.8)", row=1, col=3)
-    fig.update_xaxes(title="source", tickangle=-60, row=1, col=1)
-    fig.update_yaxes(title="α", row=1, col=1)
-    fig.update_xaxes(title="rank by distance", row=1, col=2)
-    fig.update_yaxes(title="D_j", row=1, col=2)
-    fig.update_layout(title=f"{head_name(layer, head)}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, "
-                            f"margin {rho_min - rho_max:+.3f}; {certified}", template="plotly_white", height=480,
-                      legend={"orientation": "h", "y": 1.1, "x": 1, "xanchor": "right"})
-    return fig
 

@@ -27,9 +27,10 @@ import plotly.io
 import torch
 
 from ..errors import TLGeometryError
-from ..io import atomic_path, layer_spans
-from ..run.analysis import Analysis
+from ..heads import layer_spans
+from ..io import atomic_path
 from ..run.compare import Comparison
+from ..run.results import Analysis
 from ..run.run_folder import RunFolder
 from . import plots
 from .claims import claims_table
@@ -260,7 +261,7 @@ def derived_results(run: RunFolder, analysis: Analysis) -> tuple[dict[str, Any],
     """The results derived from ``analysis`` in its run folder, as :func:`build_report` takes them
     (``pruning`` DataFrame, ``scan`` ``[layer, head]`` tensor, ``topn`` list of ``TopNDeletion``,
     ``streaming`` :class:`~tl_geometry.StreamingCurve`), and the tables present but left out, with why."""
-    from ..intervene.interventions import TopNDeletion
+    from ..intervene.pruning import TopNDeletion
     from ..intervene.streaming import StreamingCurve
 
     tables, left_out = run.read_derived(analysis.geometry.settings.get("run_id"))

@@ -21,10 +21,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..errors import TLGeometryError
-from ..io import head_name
+from ..heads import head_columns
 from ..label.taxonomy import REGIMES
 from ..measure.votes import VOTES
-from .analysis import Analysis
+from .results import Analysis
 
 __all__ = ["Comparison", "compare", "differing_settings"]
 
@@ -102,9 +102,7 @@ class Comparison:
         self._need_heads("a per-head table")
         a, b = self.names
         layers, heads = self.a.taxonomy.shape
-        grid = torch.cartesian_prod(torch.arange(layers), torch.arange(heads))
-        table: dict[str, Any] = {"layer": grid[:, 0].numpy(), "head": grid[:, 1].numpy(),
-                                 "name": [head_name(x, y) for x, y in grid.tolist()],
+        table: dict[str, Any] = {**head_columns(layers, heads),
                                  f"regime_{a}": self.a.taxonomy.labels.reshape(-1),
                                  f"regime_{b}": self.b.taxonomy.labels.reshape(-1)}
         table["changed"] = table[f"regime_{a}"] != table[f"regime_{b}"]

@@ -4,7 +4,7 @@ Every result is a set of per-window values plus vote counts, and the random base
 (run seed, window, layer), so a run split into shards and merged equals the single-process run.
 Rank ``r`` of ``K`` takes windows ``r, r + K, r + 2K, …``; the shards meet with two collectives
 (:func:`all_reduce` of the vote counts, :func:`all_gather_objects` of the per-window tensors),
-which ``tl_geometry.analysis`` uses to merge them. This module knows only the process group.
+which ``tl_geometry.run.analysis`` uses to merge them. This module knows only the process group.
 
 Example (2 processes on CPU)::
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["world", "init_from_env", "shard_indices", "shard_path", "barrier", "all_reduce", "all_gather_objects"]
+__all__ = ["world", "init_from_env", "shard_indices", "shard_path", "my_shard", "barrier", "all_reduce", "all_gather_objects"]
 
 
 def world() -> tuple[int, int]:
@@ -53,6 +53,15 @@ def shard_path(path: str | Path, rank: int, world_size: int) -> Path:
     """The file of one rank's own state (``name.rank{r}.ext``), or ``path`` itself in one process."""
     path = Path(path)
     return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def my_shard(n_windows: int, checkpoint: str | Path | None) -> tuple[torch.Tensor, Path | None] | None:
+    """This rank's windows and its own checkpoint file when an initialised process group has several
+    ranks; ``None`` in one process (every window is this process's)."""
+    rank, world_size = world()
+    if world_size <= 1:
+        return None
+    return shard_indices(n_windows, rank, world_size), None if checkpoint is None else shard_path(checkpoint, rank, world_size)
 
 
 def barrier() -> None:

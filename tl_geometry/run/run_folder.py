@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from ..errors import TLGeometryError
-from ..io import MANIFEST, MARKER, atomic_path, check_sealed, head_name, manifest_files, sha256_file
+from ..heads import head_columns
+from ..io import MANIFEST, MARKER, atomic_path, check_sealed, manifest_files, sha256_file
 from ..label.head_types import HEAD_TYPES_FILE
 from ..label.taxonomy import REGIMES
 from .derived_tables import DERIVED_TABLES, read_table
@@ -339,7 +340,7 @@ class RunFolder:
 
     def read_derived(self, run_id: str | None) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
         """The derived tables that belong to the analysis ``run_id`` (by name), each checked row by
-        row (:func:`~tl_geometry.derived_tables.read_table`), and those present but left out, with
+        row (:func:`~tl_geometry.run.derived_tables.read_table`), and those present but left out, with
         why (another analysis's, or ``derived.json`` unreadable)."""
         manifest = self._manifest()
         tables, left_out = {}, {}
@@ -362,14 +363,11 @@ class RunFolder:
         """``single_head_scan.csv`` from a ``[layer, head]`` ΔNLL tensor (one row per head)."""
         import pandas as pd
 
-        layers, heads = scan.shape
-        grid = [(layer, head) for layer in range(layers) for head in range(heads)]
-        frame = pd.DataFrame({"layer": [g[0] for g in grid], "head": [g[1] for g in grid],
-                              "name": [head_name(a, b) for a, b in grid], "delta_nll": scan.flatten().double().numpy()})
+        frame = pd.DataFrame({**head_columns(*scan.shape), "delta_nll": scan.flatten().double().numpy()})
         return self.write_derived("single_head_scan.csv", frame, run_id)
 
     def write_topn(self, results: list[Any], run_id: str | None) -> Path:
-        """``topn.csv`` from :class:`~tl_geometry.interventions.TopNDeletion` results (one row per N
+        """``topn.csv`` from :class:`~tl_geometry.intervene.interventions.TopNDeletion` results (one row per N
         and renormalisation)."""
         import pandas as pd
 

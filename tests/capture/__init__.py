@@ -1,0 +1,1 @@
+"""Reading models and caches on every TransformerLens version and model class."""

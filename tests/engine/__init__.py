@@ -1,0 +1,1 @@
+"""The sealed engine: its door, bundles and kernels."""

@@ -1,0 +1,1 @@
+"""Foundations: files, head names, the backend choice."""

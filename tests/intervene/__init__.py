@@ -1,0 +1,1 @@
+"""Ablations, importance, pruning, scans, top-N deletion and streaming: equal to full forwards."""

@@ -1,0 +1,1 @@
+"""Regime labels and TransformerLens's head types."""

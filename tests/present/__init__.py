@@ -1,0 +1,1 @@
+"""Figures, claims and the HTML report."""

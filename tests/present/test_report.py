@@ -1,0 +1,119 @@
+"""The HTML report: untrusted strings escaped, every figure rendered in a real browser (Chromium)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+import torch
+
+import tl_geometry as tlg
+from tl_geometry import plots
+from tl_geometry.intervene.pruning import TopNDeletion
+from tl_geometry.present.report import build_report, script_safe_json, write_report
+
+from ..tiny import random_tokens, tiny_model
+
+EVIL = "<script>document.title='pwned'</script>\"onmouseover=document.title='pwned' x=\"<img src=x onerror=document.title='pwned'>"
+
+
+@pytest.fixture(scope="module")
+def analysis():
+    model = tiny_model(4, 2)
+    res = tlg.analyze(model, random_tokens(4, 12), (1, 2, 4), repeats=2, progress=False, bootstrap=50)
+    res.geometry.settings["corpus"] = EVIL  # user-given names are untrusted too
+    scan = tlg.intervene.single_head_scan(model, random_tokens(2, 8), progress=False)
+    importances = {"random": tlg.intervene.head_importance(model, method="random"),
+                   "taxonomy": tlg.intervene.head_importance(model, method="taxonomy", taxonomy=res.taxonomy)}
+    curve = tlg.intervene.pruning_curve(model, random_tokens(3, 8), importances, (1.0, 0.75, 0.5), progress=False)
+    # A report test, not an intervention test: fixed values (the 3.x bridge cannot run top-N deletion)
+    topn = [TopNDeletion((1, 2, 4), torch.tensor([0.8, 0.2, 0.01]), 3.0, False, {0.01: 4, 0.05: 4, 0.1: 4})]
+    evil_figure = go.Figure(go.Bar(x=[EVIL, "ok"], y=[1, 2], hovertext=[EVIL, EVIL], name=EVIL))  # raw, unescaped
+    return res, {"scan": scan, "pruning": curve, "topn": topn, "drilldowns": [evil_figure]}
+
+
+def test_untrusted_strings_cannot_open_tags_or_attributes(analysis):
+    res, extras = analysis
+    page = build_report(res, title=EVIL, **extras)
+    assert "<script>document.title" not in page and "<img src=x" not in page
+    # a bare quote could end an attribute: inside markup it is &quot;, inside script JSON \"
+    starts = [i for i in range(len(page)) if page.startswith('"onmouseover=', i)]
+    assert starts and all(page[i - 1] == "\\" for i in starts)
+    assert "&quot;onmouseover=" in page
+    assert page.count("<script>") == page.count("</script>")  # only our own script blocks
+    assert script_safe_json({"a": "</script><b>&"}) == '{"a": "\\u003c/script\\u003e\\u003cb\\u003e\\u0026"}'
+    assert plots.safe_text(EVIL).count("<") == 0
+
+
+def test_report_lists_settings_claims_and_every_figure(analysis):
+    res, extras = analysis
+    page = build_report(res, **extras)
+    for cid in [f"C{i}" for i in range(1, 12)]:
+        assert f"<td>{cid}</td>" in page
+    assert page.count('class="tlg-plot"') == 10  # 3 head maps (regime, gap, certified P), curves, sink, regimes, scan map, pruning, top-N, drill-down
+    assert "Certified precision" in page
+    assert "Plotly.newPlot" in page and "transformer_lens" in page
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+def test_report_renders_in_headless_chromium(analysis, tmp_path):
+    res, extras = analysis
+    path = write_report(res, tmp_path / "report.html", title="tl_geometry report", **extras)
+    common = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000"]
+    dom = subprocess.run([*common, "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("js-plotly-plot") >= 9  # plotly marks every rendered container
+    assert dom.stdout.count('class="main-svg"') >= 9
+    assert "<title>tl_geometry report</title>" in dom.stdout  # no injected script renamed the page
+    errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)]
+    assert not errors, errors
+    shot = tmp_path / "report.png"
+    subprocess.run([*common, "--window-size=1400,2400", f"--screenshot={shot}", path.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
+    fig = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", 3, 1, n=2)
+    text = fig.to_json()
+    assert "<script" not in text and "&lt;" in text  # token pieces of the tag arrive escaped
+    assert fig.layout.title.text.startswith("L3H1, N=2: P=")
+    bars, selected, unselected = fig.data[0], fig.data[1], fig.data[2]
+    assert bars.x[2].startswith("2: ␣") and all(": " in label for label in bars.x)  # tokens, spaces visible
+    distances = sorted([*zip(selected.x, selected.y, strict=True), *zip(unselected.x, unselected.y, strict=True)])
+    assert [d for _, d in distances] == sorted(d for _, d in distances)  # sorted by distance
+    rho_max, rho_min = max(selected.y), min(unselected.y)
+    assert sorted(shape.y0 for shape in fig.layout.shapes) == sorted([rho_max, rho_min])  # the two radii as lines
+    # P and R read off the picture: outsiders at or under ρ_max, insiders under ρ_min
+    p, r = (float(x) for x in re.findall(r"P=([\d.]+) R=([\d.]+)", fig.layout.title.text)[0])
+    inside = sum(d <= rho_max for d in unselected.y)
+    assert p == pytest.approx(2 / (2 + inside), abs=0.005) and r == pytest.approx(sum(d < rho_min for d in selected.y) / 2, abs=0.005)
+    positions = {a.text: (a.xanchor, a.yanchor) for a in fig.layout.annotations if a.text in ("ρ_max", "ρ_min")}
+    assert len(positions) == 2 and positions["ρ_max"] != positions["ρ_min"]  # the labels do not sit on each other
+    # the certificate's line, never above what the picture shows
+    found = re.search(r"precision ≥ ([\d.]+), recall ≥ ([\d.]+)", fig.layout.title.text)
+    assert found or "proves nothing" in fig.layout.title.text
+    if found:
+        assert float(found[1]) <= p + 0.005 and float(found[2]) <= r + 0.005
+    same = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", "L3H1", n=2)
+    assert same.layout.title.text == fig.layout.title.text  # the head by its name
+
+
+def test_head_rows_hold_json_nulls_and_booleans(analysis):
+    import json
+
+    res, _ = analysis
+    page = build_report(res)
+    rows = json.loads(re.search(r"var TLG_HEADS = (\{.*?\});\n", page).group(1).replace("\\u003c", "<")
+                      .replace("\\u003e", ">").replace("\\u0026", "&"))
+    table = res.heads_table()
+    for name, flag, offset in zip(table["name"], table["label_uncertain"], table["dominant_offset"], strict=True):
+        assert rows[name]["label_uncertain"] is bool(flag)  # a boolean, not the string "True"
+        assert rows[name]["dominant_offset"] == (None if offset is pd.NA else int(offset))  # null, not "<NA>"
