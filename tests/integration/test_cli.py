@@ -182,12 +182,13 @@ def test_every_option_has_help_and_shows_its_default():
 
 
 def test_paper_protocol_sets_the_published_setting_and_flags_override_it(monkeypatch):
-    import tl_geometry.cli.options as cli
+    import tl_geometry.cli.options as options
+    import tl_geometry.cli.parser as cli
 
     seen = {}
 
     def stop(args):
-        cli.apply_protocol(args)
+        options.apply_protocol(args)
         seen.update(vars(args))
         raise TLGeometryError("stop")
 
