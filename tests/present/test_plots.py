@@ -15,6 +15,7 @@ import tl_geometry as tlg
 from tl_geometry import plots
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.label.taxonomy import REGIMES
+from tl_geometry.present import drilldown
 
 from ..tiny import random_tokens, tiny_model
 
@@ -166,9 +167,9 @@ def test_whitespace_tokens_are_visible_and_escaped():
 
 def test_a_dominant_point_is_left_off_the_pca_range():
     cloud = torch.randn(10, 2, generator=torch.Generator().manual_seed(0))
-    assert plots._off_scale(cloud) is None
+    assert drilldown._off_scale(cloud) is None
     cloud[0] = torch.tensor([80.0, -60.0])  # a sink that dwarfs the rest
-    assert plots._off_scale(cloud) == 0
+    assert drilldown._off_scale(cloud) == 0
 
 
 def test_an_unknown_colour_is_one_clear_error(res):
