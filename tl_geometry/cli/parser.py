@@ -1,4 +1,6 @@
-"""The ``tl-geometry`` parser and entry point: each subcommand's flags and its handler; user errors
+"""The ``tl-geometry`` command line.
+
+Its parser (each subcommand's flags and handler) and entry point: user errors
 (:class:`~tl_geometry.errors.TLGeometryError`) become one line and exit 2, interruptions say how to
 resume, and real bugs keep their traceback."""
 
