@@ -51,6 +51,7 @@ __all__ = [
     "unexplained_window",
     "names_filter",
     "check_attention_mask",
+    "build_layer",
     "hook_names",
     "stream_layers",
     "align_value_heads",
@@ -159,7 +160,7 @@ def check_attention_mask(mask: Tensor, batch: int, pos: int) -> Bool[Tensor, "ba
     return mask
 
 
-def _build_layer(
+def build_layer(
     layer: int,
     pattern: Tensor,
     v: Tensor,
@@ -306,7 +307,7 @@ def stream_layers(
             slot[kind] = tensor
             if len(slot) == 2:
                 del pending[layer]
-                fn(layer, _build_layer(layer, slot["pattern"], slot["v"], attention_mask, has_bos, info.window(layer)))
+                fn(layer, build_layer(layer, slot["pattern"], slot["v"], attention_mask, has_bos, info.window(layer)))
                 if stop_early and layer == chosen[-1]:
                     raise _Measured  # the rest of the forward (the layer's output, the unembedding) is not needed
 

@@ -11,7 +11,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..errors import TLGeometryError
-from .adapters import LayerAttention, _build_layer, bos_flags, hook_names, names_filter
+from .adapters import LayerAttention, bos_flags, build_layer, hook_names, names_filter
 from .model_info import REQUIRED_ATTRIBUTES, ModelInfo, describe_model, tl_version
 
 __all__ = ["HookCache", "is_cache", "batched_cache", "describe_cache", "read_layer"]
@@ -130,6 +130,6 @@ def read_layer(
             "names_filter=tlg.capture.names_filter) for the layers you need."
         )
     pattern, v = cache[names[0]], cache[names[1]]
-    return _build_layer(layer, pattern, v, attention_mask, bos_flags(tokens, attention_mask, bos_token_id), window)
+    return build_layer(layer, pattern, v, attention_mask, bos_flags(tokens, attention_mask, bos_token_id), window)
 
 
