@@ -53,32 +53,6 @@ __all__ = ["analyze", "gather_analysis"]
 FEW_VOTES = 100
 
 
-class Checkpoint:
-    """The state of a streamed analysis (a :class:`~tl_geometry.run.checkpoint.KeyedCheckpoint`): the
-    per-sequence values and votes of the batches done so far. A run killed at any moment loses at
-    most the batch in flight; a checkpoint of other settings is refused before the first batch."""
-
-    def __init__(self, path: str | Path, key: dict[str, Any]):
-        self.file = KeyedCheckpoint(path, key, "analysis")
-
-    def restore(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> int:
-        """Load the saved state into the accumulators; returns the number of windows done."""
-        tensors, _ = self.file.load()
-        if not tensors:
-            return 0
-        ids = tensors.pop("window_ids")
-        taxonomy.votes, taxonomy.offsets = tensors.pop("votes"), tensors.pop("offsets")
-        taxonomy.sinkless = tensors.pop("sinkless_votes", torch.zeros_like(taxonomy.votes[..., 0]))
-        geometry.batches, geometry.window_ids = [tensors], [ids]
-        return int(ids.numel())
-
-    def save(self, geometry: SeparabilityAccumulator, taxonomy: TaxonomyAccumulator) -> None:
-        tensors = {k: torch.cat([b[k] for b in geometry.batches]) for k in geometry.batches[0]}
-        tensors.update(window_ids=torch.cat(geometry.window_ids), votes=taxonomy.votes, offsets=taxonomy.offsets,
-                       sinkless_votes=taxonomy.sinkless)
-        self.file.save(tensors)
-
-
 def _stream_windows(model, info, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None,
                     after_batch=None, first: int = 0) -> None:
     """Stream the model over the windows ``first..`` batch by batch (tqdm bar per batch)."""
@@ -221,8 +195,8 @@ def analyze(
     if cache is not None:
         layer_pass.read_cache(cache, tokens if tokens_or_texts is not None else None, attention_mask, progress)
     else:
-        resumed = None if checkpoint is None else _Resumed(checkpoint, settings, layer_pass, batch_size, tokens,
-                                                           attention_mask, window_ids)
+        resumed = None if checkpoint is None else Checkpoint(checkpoint, settings, layer_pass, batch_size, tokens,
+                                                             attention_mask, window_ids)
         _stream_windows(model, info, tokens, attention_mask, batch_size, progress and world()[0] == 0,
                         layer_pass.on_layer, layer_pass.on_batch, None if resumed is None else resumed.save,
                         first=0 if resumed is None else resumed.done)
@@ -291,19 +265,38 @@ class _LayerPass:
         return Analysis(self.geometry.result(settings, allow_empty=sharded), self.taxonomy.result(settings))
 
 
-class _Resumed:
-    """A run's checkpoint: the batches it holds restored into the accumulators, and ``save`` after each batch."""
+class Checkpoint:
+    """The state of a streamed analysis (a :class:`~tl_geometry.run.checkpoint.KeyedCheckpoint` keyed
+    by the run's settings, batch size, tokens and window ids): the per-sequence values and votes of
+    the batches done so far, restored into ``layer_pass`` on opening (:attr:`done` windows) and saved
+    after every batch. A run killed at any moment loses at most the batch in flight; a checkpoint of
+    other settings is refused before the first batch."""
 
     def __init__(self, path, settings, layer_pass: _LayerPass, batch_size: int, tokens, attention_mask, window_ids):
-        self.layer_pass = layer_pass
-        self.state = Checkpoint(path, {**settings, "batch_size": batch_size,
-                                       "tokens": token_digest(tokens, attention_mask), "window_ids": window_ids.tolist()})
-        self.done = self.state.restore(layer_pass.geometry, layer_pass.taxonomy)
+        self.geometry, self.taxonomy = layer_pass.geometry, layer_pass.taxonomy
+        self.file = KeyedCheckpoint(path, {**settings, "batch_size": batch_size,
+                                           "tokens": token_digest(tokens, attention_mask),
+                                           "window_ids": window_ids.tolist()}, "analysis")
+        self.done = self._restore()
         if self.done % batch_size and self.done < tokens.shape[0]:
             raise TLGeometryError(f"checkpoint {str(path)!r} holds {self.done} windows, not a whole number of batches.")
 
+    def _restore(self) -> int:
+        """Load the saved state into the accumulators; returns the number of windows done."""
+        tensors, _ = self.file.load()
+        if not tensors:
+            return 0
+        ids = tensors.pop("window_ids")
+        self.taxonomy.votes, self.taxonomy.offsets = tensors.pop("votes"), tensors.pop("offsets")
+        self.taxonomy.sinkless = tensors.pop("sinkless_votes", torch.zeros_like(self.taxonomy.votes[..., 0]))
+        self.geometry.batches, self.geometry.window_ids = [tensors], [ids]
+        return int(ids.numel())
+
     def save(self) -> None:
-        self.state.save(self.layer_pass.geometry, self.layer_pass.taxonomy)
+        tensors = {k: torch.cat([b[k] for b in self.geometry.batches]) for k in self.geometry.batches[0]}
+        tensors.update(window_ids=torch.cat(self.geometry.window_ids), votes=self.taxonomy.votes,
+                       offsets=self.taxonomy.offsets, sinkless_votes=self.taxonomy.sinkless)
+        self.file.save(tensors)
 
 
 def gather_analysis(analysis: Analysis) -> Analysis:
