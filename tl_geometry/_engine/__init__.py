@@ -7,8 +7,11 @@ numba, and it imports nothing of the package above it. Modules, one job each:
 - ``bundles``: the named inputs, settings and outputs the kernels take;
 - ``options``: the compile options the kernels share;
 - ``threads``: numba's pool, sized on first use, and each parallel kernel's team;
+- ``disk_cache``: numba's on-disk cache (an index another layout of the package wrote is cleared
+  on import, so numba recompiles instead of failing to read it);
 - ``rows``: one row's checks, its selection by a ranking, its winner;
-- ``core``: the metric core (top-N metrics N by N, the sink-excluded F, the certificates);
+- ``metrics``: the top-N metrics of a row N by N (and the sink-excluded F);
+- ``certificates``: their certificates (lower bounds on P and R);
 - ``random_stream``: the counter-based random rankings;
 - ``pairs``: value statistics (float64 squared norms, the sink's products, pair cosines);
 - ``separability``: the separability driver (chosen rows of any pattern);
@@ -17,13 +20,14 @@ numba, and it imports nothing of the package above it. Modules, one job each:
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from . import certificates as _certificates
 from . import layer as _layer
+from . import metrics as _metrics
 from . import pairs as _pairs
 from . import random_stream as _random
+from . import rows as _rows
 from . import separability as _separability
 from .bundles import (
     Certificates,
@@ -39,7 +43,9 @@ from .bundles import (
     Values,
     integer_like,
 )
-from .core import COS_EPS
+from .disk_cache import clear_unreadable_indexes
+from .disk_cache import kernels_cached as _kernels_cached
+from .metrics import COS_EPS
 from .random_stream import GOLDEN, HEAD, MIX, QUERY
 from .threads import team
 
@@ -51,13 +57,15 @@ __all__ = [
 ]
 
 
+# Every module with cached kernels (tests/engine/test_disk_cache.py checks the list).
+KERNEL_MODULES = (_metrics, _certificates, _rows, _random, _pairs, _separability, _layer)
+clear_unreadable_indexes(KERNEL_MODULES)
+
+
 def kernels_cached() -> bool:
     """Whether the layer pass's machine code is in numba's on-disk cache (else the first call
-    compiles it: once per installation, about a minute). True where numba's cache cannot be read."""
-    try:
-        return os.path.exists(_layer.layer_rows._cache._cache_file._index_path)
-    except AttributeError:  # another numba's internals: say nothing rather than something wrong
-        return True
+    compiles it: once per installation, about a minute)."""
+    return _kernels_cached(_layer.layer_rows)
 
 
 def separability_rows(inputs: SeparabilityRows, values: Values, rule: Rule, metrics: Metrics, checks: RowChecks) -> None:

@@ -21,22 +21,23 @@ import numba
 import numpy as np
 from numba import njit
 
-from . import core
 from .bundles import LayerOutputs
+from .certificates import certify, certify_rows, unit_weights
+from .metrics import COS_EPS, Scratch, nosink_f, scratch, start, step, weighted_sizes, write_metrics
 from .options import INLINE, NO_RC
 from .random_stream import candidates, sample
-from .rows import first_maximum, first_visible, scan_row, select
+from .rows import At, first_maximum, first_visible, scan_row, select
 
 __all__ = ["layer_rows"]
 
 
 
 class LayerScratch(NamedTuple):
-    """A task's arrays: the core's, the winner scores (and their bits), a variant's selection
-    ``order``, the row's candidates (``cand_base``; ``cand`` the copy a draw permutes) and
-    ``part`` ``[3, n]``: P, R, F of a NOSINK or RANDOM variant."""
+    """A task's arrays: the metrics' :class:`~.metrics.Scratch`, the winner scores (and their
+    bits), a variant's selection ``order``, the row's candidates (``cand_base``; ``cand`` the copy
+    a draw permutes) and ``part`` ``[3, n]``: P, R, F of a NOSINK or RANDOM variant."""
 
-    core: core.Scratch
+    scratch: Scratch
     bits: np.ndarray
     scores: np.ndarray
     order: np.ndarray
@@ -49,7 +50,7 @@ class LayerScratch(NamedTuple):
 def _checks_and_votes(rows, rule, plan, at, ls, out):
     """The row's distribution checks (a failing real row counted in ``bad_rows``) and its vote
     (the winner among the visible keys); returns whether it is a real query."""
-    b, h, kv, t, _, _ = at
+    b, h, t = at.b, at.h, at.t
     checks = out.checks
     total, negatives, visible = scan_row(rows.pattern, at, rows.key_mask, first_visible(rule.window, t), t + 1,
                                          rows.norms, ls.scores)
@@ -76,7 +77,7 @@ def _sink_standing(rows, values, rule, at, s, listed, sink):
     """The sink's mass and rank: the number of candidates ranked before it (those listed before it
     when it is listed; otherwise every visible key that outscores it, ties to the sink). A row
     whose window has left the sink behind has none (both stay NaN)."""
-    b, h, kv, t, row, q = at
+    b, h, kv, t, row, q = at.b, at.h, at.kv, at.t, at.row, at.out
     pattern, key_mask = rows.pattern, rows.key_mask
     if first_visible(rule.window, t) > 0:
         return
@@ -104,27 +105,27 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
     """Variant TOP: every metric of the ranking's own top-N sets; with the sink diagnostics the
     alignments (and NOSINK's F when the sink is an unselected candidate at every N: the same
     sets), with ``want_bounds`` the certificates."""
-    b, h, kv, t, _, q = at
+    b, h, kv, t, q = at.b, at.h, at.kv, at.t, at.out
     ns = rule.ns
-    sink_rank = core.start(at, s, s.top_idx, n_cand, ns[ns.shape[0] - 1])
+    sink_rank = start(at, s, s.top_idx, n_cand, ns[ns.shape[0] - 1])
     for j in range(ns.shape[0]):
         n = ns[j]
         if n >= n_cand:
             break
-        st = core.step(values, rule, at, s, s.top_idx, j, True, plan.want_bounds)
-        core.write_metrics(out.metrics, at, j, st, sink_rank < n)
+        st = step(values, rule, at, s, s.top_idx, j, True, plan.want_bounds)
+        write_metrics(out.metrics, at, j, st, sink_rank < n)
         if nosink_in_top and n < n_cand - 1:
-            out.sink.f_nosink[b, h, q, j] = core.nosink_f(s, st, n)
+            out.sink.f_nosink[b, h, q, j] = nosink_f(s, st, n)
         if plan.want_sink and first_visible(rule.window, t) == 0:  # a sink out of view: NaN
             out.sink.align_sink[b, h, q, j] = s.proj[0] / (st.agg_norm * math.sqrt(values.squares[b, kv, 0])
-                                                           + core.COS_EPS)
+                                                           + COS_EPS)
         if plan.want_sink:
             out.sink.align_current[b, h, q, j] = s.proj[t] / (st.agg_norm * math.sqrt(values.squares[b, kv, t])
-                                                              + core.COS_EPS)
+                                                              + COS_EPS)
         if plan.want_bounds:  # the theorems bound the same measurement: the largest bound holds
-            p_gram, r_gram = core.certify(rows.certificates, 0, s.alpha, w_max[0], at, s, s.top_idx, n, n_cand)
-            p_unit, r_unit = core.certify(rows.certificates, 1, s.omega, w_max[1], at, s, s.top_idx, n, n_cand)
-            p_rows, r_rows = core.certify_rows(rows.certificates, values, rule, at, s, s.top_idx, j)
+            p_gram, r_gram = certify(rows.certificates, 0, s.alpha, w_max[0], at, s, s.top_idx, n, n_cand)
+            p_unit, r_unit = certify(rows.certificates, 1, s.omega, w_max[1], at, s, s.top_idx, n, n_cand)
+            p_rows, r_rows = certify_rows(rows.certificates, values, rule, at, s, s.top_idx, j)
             out.certificates.precision[b, h, q, j] = max(p_gram, p_unit, p_rows)
             out.certificates.recall[b, h, q, j] = max(r_gram, r_unit, r_rows)
 
@@ -140,15 +141,15 @@ def _unselect(s, order, m):
 def _prf(values, rule, at, ls, n_cand, m):
     """P, R, F of the selection ``ls.order[:m]`` into ``ls.part`` (NaN where undefined), then the
     sources back to candidates."""
-    s = ls.core
+    s = ls.scratch
     ns = rule.ns
     for j in range(ns.shape[0]):
         ls.part[0, j] = ls.part[1, j] = ls.part[2, j] = np.nan
-    core.start(at, s, ls.order, n_cand, 0)
+    start(at, s, ls.order, n_cand, 0)
     for j in range(ns.shape[0]):
         if ns[j] >= n_cand:
             break
-        st = core.step(values, rule, at, s, ls.order, j, False, False)
+        st = step(values, rule, at, s, ls.order, j, False, False)
         ls.part[0, j], ls.part[1, j], ls.part[2, j] = st.precision, st.recall, st.f
     _unselect(s, ls.order, m)
 
@@ -157,8 +158,8 @@ def _prf(values, rule, at, ls, n_cand, m):
 def _nosink(rows, values, rule, at, ls, n_cand, filled, out):
     """Variant NOSINK: TOP's list without key 0 (an unselected candidate), with key 0 out of the
     candidates; F only."""
-    b, h, _, _, _, q = at
-    s = ls.core
+    b, h, q = at.b, at.h, at.out
+    s = ls.scratch
     max_n = rule.ns[rule.ns.shape[0] - 1]
     m = 0
     for rank in range(filled):
@@ -179,7 +180,7 @@ def _nosink(rows, values, rule, at, ls, n_cand, filled, out):
 def _random(rows, values, rule, plan, at, ls, out):
     """Variant RANDOM: P, R, F of ``plan.n_random`` random rankings, summed; the row's
     candidates listed once."""
-    b, h, _, t, _, q = at
+    b, h, t, q = at.b, at.h, at.t, at.out
     n_cand = candidates(rows.key_mask, b, first_visible(rule.window, t), t, rule.exclude_sink, ls.cand_base)
     m = min(rule.ns[rule.ns.shape[0] - 1], n_cand)
     for r in range(plan.n_random):
@@ -197,7 +198,7 @@ def _random(rows, values, rule, plan, at, ls, out):
 def _measure(rows, values, rule, plan, at, ls, out):
     """Every variant of one measured row. TOP's list keeps one source more than max N: without
     the sink it is NOSINK's."""
-    s = ls.core
+    s = ls.scratch
     max_n = rule.ns[rule.ns.shape[0] - 1]
     n_cand, filled = select(rows.pattern, rows.pattern, at, rows.key_mask, values.norms64, rule, max_n + 1, s)
     listed = -1  # the sink's place in TOP's list, where it is a listed candidate
@@ -206,14 +207,14 @@ def _measure(rows, values, rule, plan, at, ls, out):
             listed = rank
     if plan.want_sink:
         _sink_standing(rows, values, rule, at, s, listed, out.sink)
-    sink_candidate = not rule.exclude_sink and rows.key_mask[at[0], 0] and first_visible(rule.window, at[3]) == 0
+    sink_candidate = not rule.exclude_sink and rows.key_mask[at.b, 0] and first_visible(rule.window, at.t) == 0
     nosink_in_top = plan.want_sink and sink_candidate and not 0 <= listed < max_n
-    core.weighted_sizes(values, rule, at, s)  # shared by every variant of the row
-    w_max = core.unit_weights(values, at, s) if plan.want_bounds else (0.0, 0.0)
+    weighted_sizes(values, rule, at, s)  # shared by every variant of the row
+    w_max = unit_weights(values, at, s) if plan.want_bounds else (0.0, 0.0)
     _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out)
     _unselect(s, s.top_idx, min(filled, max_n))
     if plan.want_sink and not sink_candidate:  # NOSINK is TOP
-        b, h, _, _, _, q = at
+        b, h, q = at.b, at.h, at.out
         for j in range(rule.ns.shape[0]):
             out.sink.f_nosink[b, h, q, j] = out.metrics.f[b, h, q, j]
     elif plan.want_sink and not nosink_in_top:
@@ -231,7 +232,7 @@ def _task(rows, values, rule, plan, b, h, ls, out):
     for t in range(0 if every else last, rows.pattern.shape[2] if every else last + 1):
         # Keys 0..t only: a causal model's later entries are the softmax's exact zeros, and
         # mass there would leave these sums short of 1 (refused). Halves the bytes read.
-        at = (b, h, kv, t, t, t if plan.geometry_all else 0)
+        at = At(b, h, kv, t, t, t if plan.geometry_all else 0)
         if _checks_and_votes(rows, rule, plan, at, ls, out) and (plan.geometry_all or t == last):
             _measure(rows, values, rule, plan, at, ls, out)
 
@@ -242,7 +243,7 @@ def _scratch(rows, values, rule, plan):
     n_k = rows.pattern.shape[3]
     max_n = rule.ns[rule.ns.shape[0] - 1]
     bits = np.zeros(n_k, dtype=plan.bits_like.dtype)
-    return LayerScratch(core.scratch(n_k, values.vectors.shape[3], max_n + 1), bits, bits.view(rows.pattern.dtype),
+    return LayerScratch(scratch(n_k, values.vectors.shape[3], max_n + 1), bits, bits.view(rows.pattern.dtype),
                         np.zeros(max_n, dtype=np.int64), np.zeros(n_k, dtype=np.int64), np.zeros(n_k, dtype=np.int64),
                         np.zeros((3, rule.ns.shape[0])))
 

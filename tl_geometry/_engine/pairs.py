@@ -9,7 +9,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from .core import dot
+from .metrics import dot
 
 __all__ = ["squared_norms", "sink_products", "norms_from_squares", "pair_cosine_statistics"]
 

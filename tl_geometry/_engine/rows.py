@@ -1,7 +1,7 @@
 """One attention row: its checks, its selection by a ranking and its winner.
 
-A row is addressed by ``at = (b, h, kv, t, row, out)``: sequence, query head, kv head, query
-position, the row's index on the pattern's query axis and its index on the outputs' query axis.
+A row is addressed by an :class:`At`: sequence, query head, kv head, query position, the row's
+index on the pattern's query axis and its index on the outputs' query axis.
 Keys are offered to the selection in decreasing position: recent keys usually carry more
 weight, so fewer are inserted.
 """
@@ -9,15 +9,28 @@ weight, so fewer are inserted.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from numba import njit
 
 from .options import INLINE, NO_RC, SUMS
 
-__all__ = ["first_visible", "insert_top", "scan_row", "select", "first_maximum", "BLOCK"]
+__all__ = ["At", "first_visible", "insert_top", "scan_row", "select", "first_maximum", "BLOCK"]
 
 # Keys per block of the winner search.
 BLOCK = 16
+
+
+class At(NamedTuple):
+    """Where a row is: sequence ``b``, query head ``h``, kv head ``kv``, query position ``t``, the
+    row's index ``row`` on the pattern's query axis and ``out`` on the outputs' query axis."""
+
+    b: int
+    h: int
+    kv: int
+    t: int
+    row: int
+    out: int
 
 
 @njit(**NO_RC)
@@ -51,7 +64,7 @@ def scan_row(rows, at, key_mask, lo, n_keys, norms, scores):
     ``scores`` is not empty, in the same pass, the winner scores ``α_k‖v_k‖`` of keys ``0..t``
     (the pattern's dtype; ``norms[b, kv]``; -1 off the visible keys) for :func:`first_maximum`:
     the row is read once."""
-    b, h, kv, t, row, _ = at
+    b, h, kv, t, row = at.b, at.h, at.kv, at.t, at.row
     total = 0.0
     visible = 0.0
     negatives = 0
@@ -85,7 +98,7 @@ def select(rows, scores, at, key_mask, norms64, rule, m, s):
     without a branch) and its best-``m`` candidates ``s.top_idx`` by the ranking (``scores``
     ``[batch, head, q, key]`` read for ranking 2 only); returns (candidates, listed). Candidates
     are the visible keys (:func:`first_visible` ``.. t``, real), less key 0 with ``exclude_sink``."""
-    b, h, kv, t, row, _ = at
+    b, h, kv, t, row = at.b, at.h, at.kv, at.t, at.row
     alpha, excluded, top_idx, top_score = s.alpha, s.excluded, s.top_idx, s.top_score
     exclude_sink, ranking = rule.exclude_sink, rule.ranking
     n_cand = 0

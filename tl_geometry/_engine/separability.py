@@ -5,9 +5,9 @@ from __future__ import annotations
 import numba
 from numba import njit
 
-from . import core
+from .metrics import scratch, start, step, weighted_sizes, write_metrics
 from .options import NO_RC
-from .rows import first_visible, scan_row, select
+from .rows import At, first_visible, scan_row, select
 
 __all__ = ["separability_rows", "ROWS_PER_TASK"]
 
@@ -18,7 +18,7 @@ ROWS_PER_TASK = 64
 @njit(**NO_RC)
 def _row(inputs, values, rule, at, s, metrics, checks):
     """One row: its checks, then (a real query) its selection and metrics at every defined N."""
-    b, h, _, t, q, _ = at
+    b, h, t, q = at.b, at.h, at.t, at.row
     checks.total[b, h, q], checks.negatives[b, h, q], checks.visible[b, h, q] = scan_row(
         inputs.rows, at, inputs.key_mask, first_visible(rule.window, t), inputs.rows.shape[3], values.norms64,
         s.dist[:0])  # no winner scores
@@ -26,13 +26,13 @@ def _row(inputs, values, rule, at, s, metrics, checks):
         return
     ns = rule.ns
     n_cand, _ = select(inputs.rows, inputs.scores, at, inputs.key_mask, values.norms64, rule, ns[ns.shape[0] - 1], s)
-    core.weighted_sizes(values, rule, at, s)
-    sink_rank = core.start(at, s, s.top_idx, n_cand, ns[ns.shape[0] - 1])
+    weighted_sizes(values, rule, at, s)
+    sink_rank = start(at, s, s.top_idx, n_cand, ns[ns.shape[0] - 1])
     for j in range(ns.shape[0]):
         if ns[j] >= n_cand:  # no unselected candidate: undefined from here on
             break
-        st = core.step(values, rule, at, s, s.top_idx, j, True, False)
-        core.write_metrics(metrics, at, j, st, sink_rank < ns[j])
+        st = step(values, rule, at, s, s.top_idx, j, True, False)
+        write_metrics(metrics, at, j, st, sink_rank < ns[j])
 
 
 @njit(**NO_RC)
@@ -43,7 +43,7 @@ def _task(task, inputs, values, rule, s, metrics, checks):
         b = r // (n_heads * n_q)
         h = (r // n_q) % n_heads
         q = r % n_q
-        _row(inputs, values, rule, (b, h, h // rule.group, inputs.qpos[b, q], q, q), s, metrics, checks)
+        _row(inputs, values, rule, At(b, h, h // rule.group, inputs.qpos[b, q], q, q), s, metrics, checks)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -53,5 +53,5 @@ def separability_rows(inputs, values, rule, metrics, checks):
     :class:`~.bundles.Rule`, :class:`~.bundles.Metrics`, :class:`~.bundles.RowChecks`)."""
     n_batch, n_heads, n_q, n_k = inputs.rows.shape
     for task in numba.prange((n_batch * n_heads * n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        s = core.scratch(n_k, values.vectors.shape[3], rule.ns[rule.ns.shape[0] - 1])
+        s = scratch(n_k, values.vectors.shape[3], rule.ns[rule.ns.shape[0] - 1])
         _task(task, inputs, values, rule, s, metrics, checks)
