@@ -29,12 +29,21 @@ from torch import Tensor
 from .. import _engine as engine
 from ..backend import Backend, resolve_backend
 from ..config import RunConfig
+from . import separability_job
 from .certificates import CERTIFICATE_KEYS, certificate_tables, sink_aware_bounds, unit_roundoff
 from .metrics import inversion_bounds, separability, separability_over_rankings
-from .query_rows import check_values, finite_values, query_positions, squared_norm_limit, working_dtype
+from .query_rows import (
+    check_distribution,
+    check_values,
+    finite_values,
+    query_positions,
+    row_sum_tolerance,
+    squared_norm_limit,
+    working_dtype,
+)
 from .random_orders import random_top_orders
 from .regime import fit_from_statistics, value_statistics
-from .selection import first_visible
+from .selection import first_visible, squared_value_norms, value_norms64
 from .sink import f_by_sink, sink_geometry, value_sink_statistics
 from .votes import offset_counts, votes_from_winners, winner_sources
 
@@ -222,69 +231,91 @@ def _positions(att, queries: str) -> Tensor:
 
 
 def _measure_numba(att, config: RunConfig, random: RandomDraws | None, workspace: Workspace) -> LayerMeasures:
-    from .query_rows import check_distribution, row_sum_tolerance
-    from .selection import squared_value_norms, value_norms64
-    from .separability_job import GRAM_BYTES, block_grams, gram_blocks
-
-    pattern = att.pattern.detach()
-    if pattern.dtype not in (torch.float32, torch.float64):
-        pattern = pattern.float()
-    pattern = pattern.contiguous()
-    dtype = pattern.dtype
+    pattern, values, value_sq = _numba_inputs(att)
     batch, heads, n_q, n_k = pattern.shape
-    values = att.kv_values.detach().to(dtype).permute(0, 2, 1, 3).contiguous()  # [batch, kv, key, d]
     n_kv = values.shape[1]
-    group = heads // n_kv
     key_mask, query_mask = att.key_mask.bool().contiguous(), att.query_mask.bool().contiguous()
     last = query_positions(query_mask, "last")[:, 0].contiguous()
-    geometry_all = config.queries == "all"
-    taxonomy_all = config.taxonomy_queries == "all"
     qpos = query_positions(query_mask, config.queries)
-    n_sel = qpos.shape[1]
     ns = tuple(sorted(set(config.n)))
-    n_out = len(ns)
-
-    value_sq = squared_value_norms(values)
-    # Only where some float64 ‖v‖² is non-finite or too large for the working dtype, check every
-    # value (real keys refused) and zero the pads', which take no part.
-    if not bool((value_sq <= squared_norm_limit(dtype, values.shape[-1])).all()):
-        values = torch.where(check_values(att.kv_values, att.key_mask, dtype)[:, None, :, None], values, 0.0)
-        value_sq = squared_value_norms(values)
-    value_norm = values.norm(dim=-1)  # the taxonomy's ‖v‖, as winner_sources computes it
     want_bounds = config.sink and config.distance == "euclidean"
-    per_kv: dict[str, Tensor] = {}
-    cosine_by_lag = None
     repeats = 0 if random is None else random.repeats
     # A Gram matrix V Vᵀ per kv head pays off when many rows × variants read it, and the regime's
     # pair cosines (config.sink) need it anyway. The layer's matrices are held at once up to
     # GRAM_BYTES or half the layer's own pattern (which the forward holds already; the Gram
     # matrices are at most its size): the paper's 1024-token windows keep one block, shared.
     variants = 1 + 2 * config.sink + repeats
-    use_gram = config.sink or group * n_sel * n_out * variants >= n_k
-    gram_bytes = n_k * n_k * values.element_size() if use_gram else 0
-    budget = max(GRAM_BYTES, pattern.numel() * pattern.element_size() // 2)
+    use_gram = config.sink or (heads // n_kv) * qpos.shape[1] * len(ns) * variants >= n_k
+    budget = max(separability_job.GRAM_BYTES, pattern.numel() * pattern.element_size() // 2)
     whole_gram = None
-    if use_gram and len(gram_blocks(batch, n_kv, gram_bytes, budget)) == 1:
+    if use_gram and len(separability_job.gram_blocks(batch, n_kv, n_k * n_k * values.element_size(), budget)) == 1:
         whole_gram = torch.matmul(values, values.transpose(-1, -2),
                                   out=workspace.empty("gram", (batch, n_kv, n_k, n_k), values.dtype))
-    g = torch.zeros(2, len(CERTIFICATE_KEYS), batch, n_kv, n_k, dtype=torch.float64)
-    if config.sink:
-        per_kv, cosine_by_lag, tables = _value_measures(values, key_mask, config, whole_gram, value_sq)
-        if tables is not None:
-            g = torch.stack([torch.stack([table[key] for key in CERTIFICATE_KEYS]) for table in tables]).contiguous()
+    per_kv, cosine_by_lag, g = _sink_inputs(values, key_mask, config, whole_gram, value_sq)
     # ‖v‖ for the contribution ranking and Theorem 2's weights α‖v‖ (else unread: the squares stand in)
     value_norm64 = value_norms64(values, value_sq) if config.ranking == "contribution" or want_bounds else value_sq
     keys = (np.zeros(batch, dtype=np.uint64) if random is None else random.keys.cpu().numpy().view(np.uint64))
     rule = engine.Rule(np.asarray(ns, dtype=np.int64), 0 if config.ranking == "attention" else 1, config.exclude_sink,
-                       config.distance == "euclidean", use_gram, group, att.window or 0)
-    plan = engine.LayerPlan(geometry_all, taxonomy_all, repeats, config.sink, want_bounds,
-                            row_sum_tolerance(att.pattern.dtype), engine.integer_like(pattern.element_size()))
+                       config.distance == "euclidean", use_gram, heads // n_kv, att.window or 0)
+    plan = engine.LayerPlan(config.queries == "all", config.taxonomy_queries == "all", repeats, config.sink,
+                            want_bounds, row_sum_tolerance(att.pattern.dtype),
+                            engine.integer_like(pattern.element_size()))
+    # values.norm: the taxonomy's ‖v‖, as winner_sources computes it
+    rows = engine.LayerRows(pattern, key_mask, query_mask, last, values.norm(dim=-1), g, keys)
+    out = _layer_outputs(batch, heads, n_q, n_k, qpos.shape[1], len(ns))
 
-    def full(*shape, fill=torch.nan, dtype=torch.float64):
-        return torch.full(shape, fill, dtype=dtype)
+    def buffer(shape):
+        return workspace.empty("gram", shape, values.dtype)
+
+    blocks = separability_job.block_grams(values, use_gram, budget, whole=whole_gram, buffer=buffer)
+    for b_sl, kv_sl, block, gram in blocks:
+        block_rows, block_values, block_out = _block_views(
+            rows, engine.Values(block, value_sq, value_norm64, gram), out, rule.group, b_sl, kv_sl)
+        engine.layer_rows(block_rows, block_values, rule, plan, block_out)
+    if bool(out.tallies.bad_rows.any()):
+        _refuse_bad_rows(att, out.checks, query_mask, last, plan.geometry_all or plan.taxonomy_all)
+    q, per_row = _per_query(out, config, ns, pattern.dtype, repeats)
+    return LayerMeasures(qpos, q, per_row, per_kv, cosine_by_lag, out.tallies.votes, out.tallies.offsets)
+
+
+def _numba_inputs(att) -> tuple[Tensor, Tensor, Tensor]:
+    """The pattern in its working dtype (float32 or float64), contiguous; the values in that dtype
+    in the kv-head layout ``[batch, kv, key, d]``, and their float64 squared norms."""
+    pattern = att.pattern.detach()
+    if pattern.dtype not in (torch.float32, torch.float64):
+        pattern = pattern.float()
+    pattern = pattern.contiguous()
+    values = att.kv_values.detach().to(pattern.dtype).permute(0, 2, 1, 3).contiguous()
+    value_sq = squared_value_norms(values)
+    # Only where some float64 ‖v‖² is non-finite or too large for the working dtype, check every
+    # value (real keys refused) and zero the pads', which take no part.
+    if not bool((value_sq <= squared_norm_limit(pattern.dtype, values.shape[-1])).all()):
+        values = torch.where(check_values(att.kv_values, att.key_mask, pattern.dtype)[:, None, :, None], values, 0.0)
+        value_sq = squared_value_norms(values)
+    return pattern, values, value_sq
+
+
+def _sink_inputs(values: Tensor, key_mask: Tensor, config: RunConfig, gram: Tensor | None, squares: Tensor):
+    """Per-kv statistics, the cosines by lag and the certificates' Gram bounds ``[form, key, batch,
+    kv, key]`` (zeros unless ``config.sink`` with Euclidean distances)."""
+    batch, n_kv, n_k, _ = values.shape
+    g = torch.zeros(2, len(CERTIFICATE_KEYS), batch, n_kv, n_k, dtype=torch.float64)
+    if not config.sink:
+        return {}, None, g
+    per_kv, cosine_by_lag, tables = _value_measures(values, key_mask, config, gram, squares)
+    if tables is not None:
+        g = torch.stack([torch.stack([table[key] for key in CERTIFICATE_KEYS]) for table in tables]).contiguous()
+    return per_kv, cosine_by_lag, g
+
+
+def _layer_outputs(batch: int, heads: int, n_q: int, n_k: int, n_sel: int, n_out: int) -> engine.LayerOutputs:
+    """The kernel's outputs, as tensors: per-N ones NaN (undefined until written), counts zero."""
+
+    def full(*shape):
+        return torch.full(shape, torch.nan, dtype=torch.float64)
 
     per_n = (batch, heads, n_sel, n_out)
-    out = engine.LayerOutputs(
+    return engine.LayerOutputs(
         metrics=engine.Metrics(*(full(*per_n) for _ in range(5)), torch.zeros(per_n, dtype=torch.bool)),
         checks=engine.RowChecks(*torch.zeros(3, batch, heads, n_q, dtype=torch.float64)),
         sink=engine.Sink(full(batch, heads, n_sel), full(batch, heads, n_sel), full(*per_n), full(*per_n), full(*per_n)),
@@ -292,47 +323,55 @@ def _measure_numba(att, config: RunConfig, random: RandomDraws | None, workspace
         tallies=engine.Tallies(torch.zeros(batch, heads, dtype=torch.int64), torch.zeros(batch, heads, 3, dtype=torch.int64),
                                torch.zeros(batch, heads, n_k, dtype=torch.int64),
                                torch.zeros(3, *per_n, dtype=torch.float64)))
-    def buffer(shape):
-        return workspace.empty("gram", shape, values.dtype)
 
-    for b_sl, kv_sl, block, gram in block_grams(values, use_gram, budget, whole=whole_gram, buffer=buffer):
-        h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
-        if gram is None:
-            gram = block.new_empty(0, 0, 0, 0)
 
-        def by_seq(x, b_sl=b_sl):
-            return x[b_sl].numpy()
+def _block_views(rows: engine.LayerRows, values: engine.Values, out: engine.LayerOutputs, group: int,
+                 b_sl: slice, kv_sl: slice) -> tuple[engine.LayerRows, engine.Values, engine.LayerOutputs]:
+    """numpy views of one block of the layer's tensors (sequences ``b_sl``, kv heads ``kv_sl`` and
+    their query heads), as the kernel takes them; ``values.vectors`` and ``values.gram`` (None:
+    no Gram matrices) are the block's own already."""
+    h_sl = slice(kv_sl.start * group, kv_sl.stop * group)
 
-        def by_head(x, axis=0, b_sl=b_sl, h_sl=h_sl):
-            return x[(slice(None),) * axis + (b_sl, h_sl)].numpy()
+    def by_seq(x):
+        return x[b_sl].numpy()
 
-        def by_kv(x, axis=0, b_sl=b_sl, kv_sl=kv_sl):
-            return x[(slice(None),) * axis + (b_sl, kv_sl)].numpy()
+    def by_head(x, axis=0):
+        return x[(slice(None),) * axis + (b_sl, h_sl)].numpy()
 
-        engine.layer_rows(
-            engine.LayerRows(by_head(pattern), by_seq(key_mask), by_seq(query_mask), by_seq(last), by_kv(value_norm),
-                             by_kv(g, 2), keys[b_sl]),
-            engine.Values(block.numpy(), by_kv(value_sq), by_kv(value_norm64), gram.numpy()),
-            rule, plan,
+    def by_kv(x, axis=0):
+        return x[(slice(None),) * axis + (b_sl, kv_sl)].numpy()
+
+    gram = values.vectors.new_empty(0, 0, 0, 0) if values.gram is None else values.gram
+    return (engine.LayerRows(by_head(rows.pattern), by_seq(rows.key_mask), by_seq(rows.query_mask), by_seq(rows.last),
+                             by_kv(rows.norms), by_kv(rows.certificates, 2), rows.random_keys[b_sl]),
+            engine.Values(values.vectors.numpy(), by_kv(values.squares), by_kv(values.norms64), gram.numpy()),
             engine.LayerOutputs(
                 engine.Metrics(*map(by_head, out.metrics)), engine.RowChecks(*map(by_head, out.checks)),
                 engine.Sink(*map(by_head, out.sink)), engine.Certificates(*map(by_head, out.certificates)),
                 engine.Tallies(*map(by_head, out.tallies[:3]), by_head(out.tallies.random_sum, 1))))
-    if bool(out.tallies.bad_rows.any()):  # a visited real row fails a distribution check: name the fault
-        every = geometry_all or taxonomy_all
-        rows = torch.arange(n_q)[None].expand(batch, -1) if every else last[:, None]
-        gather = rows[:, None, :].expand(batch, heads, -1)
-        total, negatives, visible = (x.gather(2, gather) for x in out.checks)
-        check_distribution(total, negatives > 0, visible, query_mask.gather(1, rows), att.pattern.dtype)
-        raise AssertionError("the numba pass flagged a row that check_distribution accepts")
 
-    out_dtype = dtype
+
+def _refuse_bad_rows(att, checks: engine.RowChecks, query_mask: Tensor, last: Tensor, every: bool) -> None:
+    """A visited real row failed a distribution check in the kernel: name the fault (the visited
+    rows are every query with ``every``, else the last)."""
+    batch, heads, n_q = checks.total.shape
+    rows = torch.arange(n_q)[None].expand(batch, -1) if every else last[:, None]
+    gather = rows[:, None, :].expand(batch, heads, -1)
+    total, negatives, visible = (x.gather(2, gather) for x in checks)
+    check_distribution(total, negatives > 0, visible, query_mask.gather(1, rows), att.pattern.dtype)
+    raise AssertionError("the numba pass flagged a row that check_distribution accepts")
+
+
+def _per_query(out: engine.LayerOutputs, config: RunConfig, ns: tuple[int, ...], dtype: torch.dtype,
+               repeats: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The kernel's outputs as :class:`LayerMeasures`' per-query and per-row tensors, in ``dtype``
+    and the caller's order of N."""
     # The kernel's columns are the distinct N in increasing order; back to the caller's order
     # only where it differs (an index_select over the last axis costs far more than the cast).
     columns = None if ns == config.n else torch.tensor([ns.index(value) for value in config.n])
 
     def finish(x: Tensor) -> Tensor:
-        return (x if columns is None else x.index_select(-1, columns)).to(out_dtype)
+        return (x if columns is None else x.index_select(-1, columns)).to(dtype)
 
     top = out.metrics
     defined = ~torch.isnan(top.precision)
@@ -346,7 +385,7 @@ def _measure_numba(att, config: RunConfig, random: RandomDraws | None, workspace
     if config.sink:
         q.update(align_sink=finish(out.sink.align_sink), align_current=finish(out.sink.align_current),
                  f_nosink=finish(out.sink.f_nosink))
-        per_row = {"sink_mass": out.sink.mass.to(out_dtype), "sink_rank": out.sink.rank.to(out_dtype)}
-        if want_bounds:
+        per_row = {"sink_mass": out.sink.mass.to(dtype), "sink_rank": out.sink.rank.to(dtype)}
+        if config.distance == "euclidean":
             q.update(precision_bound=finish(out.certificates.precision), recall_bound=finish(out.certificates.recall))
-    return LayerMeasures(qpos, q, per_row, per_kv, cosine_by_lag, out.tallies.votes, out.tallies.offsets)
+    return q, per_row
