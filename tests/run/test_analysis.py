@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tl_geometry as tlg
-import tl_geometry.run.analysis as analysis_module
+import tl_geometry.run.inputs as inputs_module
 from tl_geometry.capture.model_info import describe_model
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.measure.votes import vote_counts
@@ -163,7 +163,7 @@ def test_unmeasurable_n_warns_with_the_reason():
 
 def test_the_model_is_described_once_per_analysis(monkeypatch):
     import tl_geometry.capture.adapters as adapters
-    import tl_geometry.run.analysis as analysis_module
+    import tl_geometry.run.inputs as inputs_module
 
     calls = []
     real = adapters.describe_model
@@ -172,7 +172,7 @@ def test_the_model_is_described_once_per_analysis(monkeypatch):
         calls.append(1)
         return real(model)
 
-    monkeypatch.setattr(analysis_module, "describe_model", counting)
+    monkeypatch.setattr(inputs_module, "describe_model", counting)
     monkeypatch.setattr(adapters, "describe_model", counting)
     tlg.analyze(tiny_model(4, 2), random_tokens(6, 9, seed=1), (1, 2), repeats=1, batch_size=2, progress=False,
                 bootstrap=10, head_types=False)  # the head types' own forward describes the model again
@@ -235,7 +235,7 @@ def test_config_and_keyword_settings_together_are_refused():
 
 def test_right_padded_tokens_without_a_mask_warn_with_the_fix(monkeypatch):
     model = tiny_model(4, 2)
-    monkeypatch.setattr(analysis_module, "pad_token_id", lambda model: 7)  # the tiny models have no tokenizer
+    monkeypatch.setattr(inputs_module, "pad_token_id", lambda model: 7)  # the tiny models have no tokenizer
     tokens = random_tokens(3, 9, seed=4)
     tokens[tokens == 7] = 8
     tokens[1, -3:] = 7  # one row right-padded, as model.to_tokens pads a shorter text

@@ -22,9 +22,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..capture.adapters import stream_layers, unexplained_window
-from ..capture.cache import batched_cache, describe_cache, is_cache, read_layer
-from ..capture.hooks import warn_hooks_left
-from ..capture.model_info import describe_model, pad_token_id
+from ..capture.cache import read_layer
 from ..config import Distance, Queries, Ranking, RunConfig
 from ..errors import TLGeometryError
 from ..io import token_digest
@@ -36,15 +34,7 @@ from ..measure.query_rows import as_n_tuple
 from .checkpoint import KeyedCheckpoint
 from .distributed import all_gather_objects, all_reduce, my_shard, world
 from .geometry import GeometryResult, SeparabilityAccumulator
-from .inputs import (
-    as_tokens,
-    bos_record,
-    cache_tokens,
-    check_windows,
-    differs,
-    warn_not_measurable,
-    warn_unmasked_padding,
-)
+from .inputs import Windows, differs, read_windows, warn_not_measurable
 from .results import Analysis
 
 __all__ = ["analyze", "gather_analysis"]
@@ -53,13 +43,14 @@ __all__ = ["analyze", "gather_analysis"]
 FEW_VOTES = 100
 
 
-def _stream_windows(model, info, tokens, attention_mask, batch_size, progress, on_layer, on_batch=None,
+def _stream_windows(model, windows: Windows, batch_size, progress, on_layer, on_batch=None,
                     after_batch=None, first: int = 0) -> None:
     """Stream the model over the windows ``first..`` batch by batch (tqdm bar per batch)."""
     from tqdm.auto import tqdm
 
     from .._engine import kernels_cached
 
+    tokens, attention_mask = windows.tokens, windows.attention_mask
     starts = range(first, tokens.shape[0], batch_size)
     desc = "windows" if kernels_cached() else "windows (compiling kernels, once per installation: about a minute)"
     bar = tqdm(starts, desc=desc, unit="batch", disable=not progress, initial=0)
@@ -68,7 +59,7 @@ def _stream_windows(model, info, tokens, attention_mask, batch_size, progress, o
         if on_batch is not None:
             on_batch(rows)
         mask = None if attention_mask is None else attention_mask[rows]
-        stream_layers(model, tokens[rows], on_layer, attention_mask=mask, info=info)
+        stream_layers(model, tokens[rows], on_layer, attention_mask=mask, info=windows.info)
         bar.set_description("windows", refresh=False)
         if after_batch is not None:
             after_batch()
@@ -162,43 +153,24 @@ def analyze(
     keywords = dict(n=n, queries=queries, taxonomy_queries=taxonomy_queries, distance=distance, ranking=ranking,
                     exclude_sink=exclude_sink, repeats=repeats, seed=seed, bootstrap=bootstrap, sink=sink)
     config = _one_config(config, keywords)
-    cache = model if is_cache(model) else None
-    if cache is not None and checkpoint is not None:
-        raise TLGeometryError("a cache is analysed in one step: checkpoint applies to runs of a model.")
-    if cache is None and tokens_or_texts is None:
-        raise TLGeometryError("pass the token ids [seq, pos] or texts to analyse (or an ActivationCache "
-                              "instead of the model).")
-    if cache is not None:
-        cache = batched_cache(cache)
-        info = describe_cache(cache)
-        tokens, attention_mask = cache_tokens(cache, tokens_or_texts, attention_mask)
-        if tokens_or_texts is not None:  # a cache keeps its model (ActivationCache.model): its pad id
-            warn_unmasked_padding(tokens, attention_mask, pad_token_id(getattr(cache, "model", None)))
-    else:
-        tokens, attention_mask = as_tokens(model, tokens_or_texts, attention_mask)
-        info = describe_model(model)
-        warn_hooks_left(model, allow_hooks)
-        warn_unmasked_padding(tokens, attention_mask, pad_token_id(model))
-    check_windows(tokens, batch_size, info)
-    warn_not_measurable(config, tokens, attention_mask)
-    window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
-    bos = bos_record(tokens if cache is None or tokens_or_texts is not None else None, attention_mask,
-                     info.bos_token_id, window_ids, cache is not None)
-    all_windows = int(tokens.shape[0])
+    windows = read_windows(model, tokens_or_texts, attention_mask, window_ids, checkpoint=checkpoint,
+                           batch_size=batch_size, allow_hooks=allow_hooks)
+    cache = windows.cache
+    warn_not_measurable(config, windows.tokens, windows.attention_mask)
+    all_windows = int(windows.tokens.shape[0])
     shard = my_shard(all_windows, checkpoint) if cache is None and distributed is not False else None
     if shard is not None:  # this rank's windows; merged at the end
         rows, checkpoint = shard
-        tokens, window_ids = tokens[rows], window_ids[rows]
-        attention_mask = None if attention_mask is None else attention_mask[rows]
-    settings = _settings(config, info, tokens, all_windows, bos)
-    layer_pass = _LayerPass(info, config, tokens.shape[1], window_ids)
+        windows = windows.select(rows)
+    settings = _settings(config, windows.info, windows.tokens, all_windows, windows.bos)
+    layer_pass = _LayerPass(windows.info, config, windows.tokens.shape[1], windows.window_ids)
     if cache is not None:
-        layer_pass.read_cache(cache, tokens if tokens_or_texts is not None else None, attention_mask, progress)
+        layer_pass.read_cache(cache, windows.tokens if windows.tokens_given else None, windows.attention_mask,
+                              progress)
     else:
-        resumed = None if checkpoint is None else Checkpoint(checkpoint, settings, layer_pass, batch_size, tokens,
-                                                             attention_mask, window_ids)
-        _stream_windows(model, info, tokens, attention_mask, batch_size, progress and world()[0] == 0,
-                        layer_pass.on_layer, layer_pass.on_batch, None if resumed is None else resumed.save,
+        resumed = None if checkpoint is None else Checkpoint(checkpoint, settings, layer_pass, batch_size, windows)
+        _stream_windows(model, windows, batch_size, progress and world()[0] == 0, layer_pass.on_layer,
+                        layer_pass.on_batch, None if resumed is None else resumed.save,
                         first=0 if resumed is None else resumed.done)
     result = layer_pass.result(settings, sharded=shard is not None)
     result = gather_analysis(result) if shard is not None else result
@@ -272,13 +244,13 @@ class Checkpoint:
     after every batch. A run killed at any moment loses at most the batch in flight; a checkpoint of
     other settings is refused before the first batch."""
 
-    def __init__(self, path, settings, layer_pass: _LayerPass, batch_size: int, tokens, attention_mask, window_ids):
+    def __init__(self, path, settings, layer_pass: _LayerPass, batch_size: int, windows: Windows):
         self.geometry, self.taxonomy = layer_pass.geometry, layer_pass.taxonomy
         self.file = KeyedCheckpoint(path, {**settings, "batch_size": batch_size,
-                                           "tokens": token_digest(tokens, attention_mask),
-                                           "window_ids": window_ids.tolist()}, "analysis")
+                                           "tokens": token_digest(windows.tokens, windows.attention_mask),
+                                           "window_ids": windows.window_ids.tolist()}, "analysis")
         self.done = self._restore()
-        if self.done % batch_size and self.done < tokens.shape[0]:
+        if self.done % batch_size and self.done < windows.tokens.shape[0]:
             raise TLGeometryError(f"checkpoint {str(path)!r} holds {self.done} windows, not a whole number of batches.")
 
     def _restore(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -13,6 +14,9 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..capture.adapters import bos_flags, check_attention_mask, hook_names
+from ..capture.cache import batched_cache, describe_cache, is_cache
+from ..capture.hooks import warn_hooks_left
+from ..capture.model_info import describe_model, pad_token_id
 from ..config import RunConfig
 from ..errors import TLGeometryError
 
@@ -61,7 +65,7 @@ def warn_unmasked_padding(tokens: Tensor, attention_mask: Tensor | None, pad: in
         warnings.warn(f"{int(ends.sum())} of {tokens.shape[0]} windows end in the pad token id {pad} and no "
                       "attention_mask was given: pads would be measured as real tokens. Pass attention_mask= "
                       "(1 for real tokens) to tlg.analyze, and to run_with_cache when you analyse its cache.",
-                      stacklevel=3)
+                      stacklevel=4)
 
 
 def bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_id: int | None, window_ids: Tensor,
@@ -75,7 +79,7 @@ def bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_i
         if from_cache and tokens is None and bos_token_id is not None:
             warnings.warn("cannot tell whether the cached windows start with BOS without their tokens: position 0 is "
                           "taken as the sink. Pass the tokens, tlg.analyze(cache, tokens), to have it checked.",
-                          stacklevel=3)
+                          stacklevel=4)
         return {"known": False, "without": []}
     without = window_ids[~flags].tolist()
     if without:
@@ -83,7 +87,7 @@ def bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_i
                       f"windows {without[:5]}{' …' if len(without) > 5 else ''}): their sink statistics and mixer "
                       "labels describe their first content token. Prepend BOS: model.to_tokens(text) does "
                       "(prepend_bos=True), or torch.cat([torch.full((n, 1), model.tokenizer.bos_token_id), tokens], 1).",
-                      stacklevel=3)
+                      stacklevel=4)
     return {"known": True, "without": without}
 
 
@@ -146,3 +150,52 @@ def differs(value: Any, default: Any) -> bool:
     if isinstance(value, list | tuple) and isinstance(default, tuple):
         return tuple(value) != default
     return value != default
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The windows a run measures, checked: token ids ``[seq, pos]`` and their mask, the model's (or
+    the cache's) description, each window's global id and the BOS record of the results' settings;
+    ``cache``: the batched cache analysed instead of a model (``tokens_given``: whether its tokens
+    were passed, or stand in as placeholders of its shape)."""
+
+    tokens: Int[Tensor, "seq pos"]
+    attention_mask: Int[Tensor, "seq pos"] | None
+    info: Any
+    window_ids: Int[Tensor, " seq"]
+    bos: dict[str, Any]
+    cache: Any | None = None
+    tokens_given: bool = True
+
+    def select(self, rows: Tensor) -> Windows:
+        """The windows ``rows`` (a shard's), with their ids."""
+        mask = None if self.attention_mask is None else self.attention_mask[rows]
+        return replace(self, tokens=self.tokens[rows], attention_mask=mask, window_ids=self.window_ids[rows])
+
+
+def read_windows(model: Any, tokens_or_texts: Any, attention_mask: Tensor | None, window_ids: Tensor | None,
+                 *, checkpoint: Any, batch_size: int, allow_hooks: bool) -> Windows:
+    """The windows of a run of ``model`` (or of a cache) on ``tokens_or_texts``, checked and warned
+    about once: hooks left on the model, pads without a mask, windows without BOS."""
+    cache = model if is_cache(model) else None
+    if cache is not None and checkpoint is not None:
+        raise TLGeometryError("a cache is analysed in one step: checkpoint applies to runs of a model.")
+    if cache is None and tokens_or_texts is None:
+        raise TLGeometryError("pass the token ids [seq, pos] or texts to analyse (or an ActivationCache "
+                              "instead of the model).")
+    if cache is not None:
+        cache = batched_cache(cache)
+        info = describe_cache(cache)
+        tokens, attention_mask = cache_tokens(cache, tokens_or_texts, attention_mask)
+        if tokens_or_texts is not None:  # a cache keeps its model (ActivationCache.model): its pad id
+            warn_unmasked_padding(tokens, attention_mask, pad_token_id(getattr(cache, "model", None)))
+    else:
+        tokens, attention_mask = as_tokens(model, tokens_or_texts, attention_mask)
+        info = describe_model(model)
+        warn_hooks_left(model, allow_hooks)
+        warn_unmasked_padding(tokens, attention_mask, pad_token_id(model))
+    check_windows(tokens, batch_size, info)
+    window_ids = torch.arange(tokens.shape[0]) if window_ids is None else torch.as_tensor(window_ids)
+    given = cache is None or tokens_or_texts is not None
+    bos = bos_record(tokens if given else None, attention_mask, info.bos_token_id, window_ids, cache is not None)
+    return Windows(tokens, attention_mask, info, window_ids, bos, cache, given)
