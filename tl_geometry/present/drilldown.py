@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
@@ -43,8 +44,6 @@ def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | N
     """
     from ..capture.adapters import stream_layers
     from ..capture.model_info import describe_model
-    from ..measure.certificates import sink_aware_bounds
-    from ..measure.metrics import separability
     from ..run.inputs import tokenize_texts
 
     info = describe_model(model)
@@ -56,15 +55,74 @@ def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | N
     t = tokens.shape[1] - 1 if query is None else int(query)
     if not 0 < t < tokens.shape[1] or n >= t + 1:
         raise TLGeometryError(f"query {t} with N={n} is out of range for {tokens.shape[1]} tokens (need N < t + 1).")
-    alpha = att.pattern[0, head, t, :t + 1].double()
-    v = att.v[0, :t + 1, head].double()
-    y = alpha[:, None] * v
-    order = sorted(range(t + 1), key=lambda j: (-float(alpha[j]), j))
-    selected = set(order[:n])
-    s = y[list(selected)].sum(0)
-    dist = (y - s).norm(dim=-1)
-    rho_max = max(float(dist[i]) for i in selected)
-    rho_min = min(float(dist[j]) for j in range(t + 1) if j not in selected)
+    labels = [f"{j}: {visible_token(model.tokenizer.decode([x]))}" for j, x in enumerate(tokens[0, :t + 1].tolist())]
+    row = _Row.of(att, head, t, n, labels)
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.42, 0.30, 0.28], horizontal_spacing=0.07,
+                        subplot_titles=(f"sources of query {labels[t]}", "distances to s_N, sorted",
+                                        "contributions y_i (PCA)"))
+    fig.add_trace(go.Bar(x=labels, y=row.alpha.tolist(), name="attention α", hovertext=row.hover, hoverinfo="text",
+                         marker_color=[_COLORS[state] for state in row.status], showlegend=False), row=1, col=1)
+    _distance_panel(fig, row)
+    _pca_panel(fig, row, n)
+    fig.update_xaxes(title="source", tickangle=-60, row=1, col=1)
+    fig.update_yaxes(title="α", row=1, col=1)
+    fig.update_xaxes(title="rank by distance", row=1, col=2)
+    fig.update_yaxes(title="D_j", row=1, col=2)
+    p, r, f, certified = _measured(att, head, t, n)
+    fig.update_layout(title=f"{head_name(layer, head)}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, "
+                            f"margin {row.rho_min - row.rho_max:+.3f}; {certified}", template="plotly_white",
+                      height=480, legend={"orientation": "h", "y": 1.1, "x": 1, "xanchor": "right"})
+    return fig
+
+
+_COLORS = {"selected": "#d62728", "unselected": "#9e9e9e"}
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One query's sources ``0..t``: attention ``alpha``, contributions ``y = α v``, the top-N set
+    (ties to the earlier source) with its aggregate ``s``, distances ``D_j = ‖y_j − s‖``, labels and
+    hover texts."""
+
+    labels: list[str]
+    alpha: torch.Tensor
+    y: torch.Tensor
+    s: torch.Tensor
+    dist: torch.Tensor
+    selected: frozenset[int]
+
+    @classmethod
+    def of(cls, att: Any, head: int, t: int, n: int, labels: list[str]) -> _Row:
+        alpha = att.pattern[0, head, t, :t + 1].double()
+        y = alpha[:, None] * att.v[0, :t + 1, head].double()
+        selected = frozenset(sorted(range(t + 1), key=lambda j: (-float(alpha[j]), j))[:n])
+        s = y[list(selected)].sum(0)
+        return cls(labels, alpha, y, s, (y - s).norm(dim=-1), selected)
+
+    @property
+    def status(self) -> list[str]:
+        return ["selected" if j in self.selected else "unselected" for j in range(len(self.labels))]
+
+    @property
+    def rho_max(self) -> float:
+        return max(float(self.dist[i]) for i in self.selected)
+
+    @property
+    def rho_min(self) -> float:
+        return min(float(d) for j, d in enumerate(self.dist) if j not in self.selected)
+
+    @property
+    def hover(self) -> list[str]:
+        return [f"{label}<br>α={a:.3f}<br>‖y‖={c:.3f}<br>D={d:.3f}<br>{state}" for label, a, c, d, state in
+                zip(self.labels, self.alpha.tolist(), self.y.norm(dim=-1).tolist(), self.dist.tolist(), self.status,
+                    strict=True)]
+
+
+def _measured(att: Any, head: int, t: int, n: int) -> tuple[float, float, float, str]:
+    """P, R, F as the package measures them, and what the certificate proves."""
+    from ..measure.certificates import sink_aware_bounds
+    from ..measure.metrics import separability
+
     prefix = (att.pattern[:, :, : t + 1, : t + 1], att.kv_values[:, : t + 1], n)
     sep = separability(*prefix, queries=torch.tensor([t]))
     p, r, f = (float(getattr(sep, k)[0, head, 0, 0]) for k in ("precision", "recall", "f"))
@@ -75,35 +133,37 @@ def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | N
                      f"recall ≥ {r_low:.2f} (Theorems 1–2)")
     else:
         certified = "the certificate proves nothing beyond the trivial bounds here"
-    labels = [f"{j}: {visible_token(model.tokenizer.decode([x]))}" for j, x in enumerate(tokens[0, :t + 1].tolist())]
-    status = ["selected" if j in selected else "unselected" for j in range(t + 1)]
-    hover = [f"{label}<br>α={a:.3f}<br>‖y‖={c:.3f}<br>D={d:.3f}<br>{state}" for label, a, c, d, state in
-             zip(labels, alpha.tolist(), y.norm(dim=-1).tolist(), dist.tolist(), status, strict=True)]
+    return p, r, f, certified
 
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.42, 0.30, 0.28], horizontal_spacing=0.07,
-                        subplot_titles=(f"sources of query {labels[t]}", "distances to s_N, sorted",
-                                        "contributions y_i (PCA)"))
-    colors = ["#d62728" if j in selected else "#9e9e9e" for j in range(t + 1)]
-    fig.add_trace(go.Bar(x=labels, y=alpha.tolist(), name="attention α", marker_color=colors, hovertext=hover,
-                         hoverinfo="text", showlegend=False), row=1, col=1)
-    ranked = sorted(range(t + 1), key=lambda j: (float(dist[j]), j))
-    for group, color, symbol in (("selected", "#d62728", "circle"), ("unselected", "#9e9e9e", "circle-open")):
+
+def _distance_panel(fig: go.Figure, row: _Row) -> None:
+    """The distances sorted, selected sources marked, with ``ρ_max`` and ``ρ_min`` as lines."""
+    ranked = sorted(range(len(row.labels)), key=lambda j: (float(row.dist[j]), j))
+    status, hover = row.status, row.hover
+    for group, symbol in (("selected", "circle"), ("unselected", "circle-open")):
         ranks = [rank for rank, j in enumerate(ranked) if status[j] == group]
-        fig.add_trace(go.Scatter(x=ranks, y=[float(dist[ranked[k]]) for k in ranks], mode="markers", name=group,
-                                 marker={"color": color, "size": 9, "symbol": symbol},
+        fig.add_trace(go.Scatter(x=ranks, y=[float(row.dist[ranked[k]]) for k in ranks], mode="markers", name=group,
+                                 marker={"color": _COLORS[group], "size": 9, "symbol": symbol},
                                  hovertext=[hover[ranked[k]] for k in ranks], hoverinfo="text"), row=1, col=2)
-    for radius, name, dash, position in ((rho_max, "ρ_max", "solid", "top left"),
-                                         (rho_min, "ρ_min", "dash", "bottom right")):
+    for radius, name, dash, position in ((row.rho_max, "ρ_max", "solid", "top left"),
+                                         (row.rho_min, "ρ_min", "dash", "bottom right")):
         fig.add_hline(y=radius, line={"dash": dash, "color": "black", "width": 1}, annotation_text=name,
                       annotation_position=position, row=1, col=2)
-    points = torch.cat([y, s[None]])
+
+
+def _pca_panel(fig: go.Figure, row: _Row, n: int) -> None:
+    """The contributions and ``s_N`` projected to 2-D (PCA); a source that dwarfs the others is
+    left off the axis range and marked at its edge."""
+    points = torch.cat([row.y, row.s[None]])
     centred = points - points.mean(0)
-    basis = torch.linalg.svd(centred, full_matrices=False).Vh[:2] if centred.shape[0] > 1 else torch.eye(2, v.shape[1])
+    basis = (torch.linalg.svd(centred, full_matrices=False).Vh[:2] if centred.shape[0] > 1
+             else torch.eye(2, row.y.shape[1], dtype=centred.dtype))
     xy = centred @ basis.T
-    for group, color in (("selected", "#d62728"), ("unselected", "#9e9e9e")):
-        members = [j for j in range(t + 1) if status[j] == group]
+    status, hover = row.status, row.hover
+    for group in ("selected", "unselected"):
+        members = [j for j in range(len(row.labels)) if status[j] == group]
         fig.add_trace(go.Scatter(x=xy[members, 0].tolist(), y=xy[members, 1].tolist(), mode="markers", name=group,
-                                 marker={"color": color, "size": 8}, hovertext=[hover[j] for j in members],
+                                 marker={"color": _COLORS[group], "size": 8}, hovertext=[hover[j] for j in members],
                                  hoverinfo="text", showlegend=False), row=1, col=3)
     fig.add_trace(go.Scatter(x=[float(xy[-1, 0])], y=[float(xy[-1, 1])], mode="markers", name=f"s_N (N={n})",
                              marker={"symbol": "star", "size": 15, "color": "black"}), row=1, col=3)
@@ -115,13 +175,5 @@ def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | N
         fig.update_xaxes(range=[float(lo[0]), float(hi[0])], row=1, col=3)
         fig.update_yaxes(range=[float(lo[1]), float(hi[1])], row=1, col=3)
         edge = torch.maximum(torch.minimum(xy[big], hi), lo)
-        fig.add_annotation(x=float(edge[0]), y=float(edge[1]), text=f"{labels[big]} (off scale)", showarrow=False,
+        fig.add_annotation(x=float(edge[0]), y=float(edge[1]), text=f"{row.labels[big]} (off scale)", showarrow=False,
                            bgcolor="rgba(255,255,255,0.8)", row=1, col=3)
-    fig.update_xaxes(title="source", tickangle=-60, row=1, col=1)
-    fig.update_yaxes(title="α", row=1, col=1)
-    fig.update_xaxes(title="rank by distance", row=1, col=2)
-    fig.update_yaxes(title="D_j", row=1, col=2)
-    fig.update_layout(title=f"{head_name(layer, head)}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, "
-                            f"margin {rho_min - rho_max:+.3f}; {certified}", template="plotly_white", height=480,
-                      legend={"orientation": "h", "y": 1.1, "x": 1, "xanchor": "right"})
-    return fig
