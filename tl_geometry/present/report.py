@@ -121,8 +121,51 @@ def build_report(
     drilldowns: list[go.Figure] | None = None,
 ) -> str:
     """The report as an HTML string: settings, claims C1–C11 beside the paper's, every figure."""
-    geo, tax = analysis.geometry, analysis.taxonomy
-    settings = dict(geo.settings)
+    figures = _figures(analysis, pruning, scan, topn, streaming, drilldowns)
+    claims = claims_table(analysis, pruning=pruning, scan=scan)
+    for row in claims:
+        row["holds"] = {True: "yes", False: "no", None: "—"}[row["holds"]]
+    settings = dict(analysis.geometry.settings)
+    setting_rows = [{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
+                    for k, v in settings.items()]
+    setting_rows += [{"setting": f"version: {k}", "value": v} for k, v in _versions(settings).items()]
+    heads = analysis.heads_table()
+    if scan is not None:
+        heads["delta_nll_alone"] = scan.reshape(-1).double().numpy()
+    head_rows = {row["name"]: {k: _clean(v) for k, v in row.items()} for row in heads.to_dict(orient="records")}
+    blocks = "\n".join(f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i, is_map)}"
+                       for i, (name, fig, is_map) in enumerate(figures))
+    body = f"""<h2>Run settings</h2>
+{_table(setting_rows, ["setting", "value"])}
+{_notes(analysis)}<h2>Claims of the paper and what this run measured</h2>
+{_table(claims, ["id", "paper", "measured", "holds", "rule"])}
+{_types_section(analysis)}
+<div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
+<script>
+var TLG_HEADS = {script_safe_json(head_rows)};
+{_SHOW_HEAD}
+</script>
+{blocks}"""
+    return _page(title, body)
+
+
+# The head panel: a click on a head map's cell shows the head's row of the heads table.
+_SHOW_HEAD = """function showHead(name) {
+  var row = TLG_HEADS[name]; if (!row) return;
+  var panel = document.getElementById('tlg-head'); panel.style.display = 'block';
+  document.getElementById('tlg-head-name').textContent = name;
+  var table = document.getElementById('tlg-head-table'); table.textContent = '';
+  Object.keys(row).forEach(function (key) {
+    var tr = table.insertRow(); tr.insertCell().textContent = key;
+    var value = row[key]; tr.insertCell().textContent = (typeof value === 'number') ? value.toPrecision(4) :
+      (value === null ? 'not measurable' : String(value));
+  });
+}"""
+
+
+def _figures(analysis: Analysis, pruning, scan, topn, streaming, drilldowns) -> list[tuple[str, go.Figure, bool]]:
+    """The report's figures in order: (heading, figure, whether it is a clickable head map)."""
+    geo = analysis.geometry
     figures: list[tuple[str, go.Figure, bool]] = [
         ("Head regimes (click a head for its numbers)", plots.head_map(analysis, "regime", delta_nll=scan), True),
         ("Top-N minus random F_N per head", plots.head_map(analysis, "gap", delta_nll=scan), True),
@@ -134,7 +177,7 @@ def build_report(
                         True))
     if geo.has_sink:
         figures.append(("The attention sink", plots.sink_plots(analysis), False))
-    figures.append(("Regimes per layer", plots.regime_fractions(tax), False))
+    figures.append(("Regimes per layer", plots.regime_fractions(analysis.taxonomy), False))
     if scan is not None:
         figures.append(("Single-head removal", plots.head_map(analysis, "delta_nll", delta_nll=scan), True))
     if pruning is not None:
@@ -143,58 +186,29 @@ def build_report(
         figures.append(("Top-N attention deletion", plots.topn_plot(topn), False))
     if streaming is not None:
         figures.append(("Streaming kv heads (sink + recent window), by order", plots.streaming_plot(streaming), False))
-    for fig in drilldowns or []:
-        figures.append(("Inside one head", fig, False))
+    return figures + [("Inside one head", fig, False) for fig in drilldowns or []]
 
-    claims = claims_table(analysis, pruning=pruning, scan=scan)
-    for row in claims:
-        row["holds"] = {True: "yes", False: "no", None: "—"}[row["holds"]]
-    setting_rows = [{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
-                    for k, v in settings.items()]
-    setting_rows += [{"setting": f"version: {k}", "value": v} for k, v in _versions(settings).items()]
-    heads = analysis.heads_table()
-    if scan is not None:
-        heads["delta_nll_alone"] = scan.reshape(-1).double().numpy()
-    head_rows = {row["name"]: {k: _clean(v) for k, v in row.items()} for row in heads.to_dict(orient="records")}
 
-    types = ""
-    if analysis.head_types is not None:
-        crosstab = analysis.head_types.crosstab(tax).reset_index()
-        crosstab.columns = [str(c) for c in crosstab.columns]
-        types = ("<h2>Regimes against TransformerLens's head types</h2>\n<p>Heads counted by regime and by the "
-                 "type whose detect_head score (on BOS + a repeated random sequence) is at least half of what a "
-                 "head of that type reaches; see docs/metrics.md, \"Familiar head types\".</p>\n"
-                 + _table(crosstab.to_dict(orient="records"), list(crosstab.columns)))
-    reasons = geo.not_measurable()
+def _types_section(analysis: Analysis) -> str:
+    """Regimes against TransformerLens's head types, where the run has them."""
+    if analysis.head_types is None:
+        return ""
+    crosstab = analysis.head_types.crosstab(analysis.taxonomy).reset_index()
+    crosstab.columns = [str(c) for c in crosstab.columns]
+    return ("<h2>Regimes against TransformerLens's head types</h2>\n<p>Heads counted by regime and by the "
+            "type whose detect_head score (on BOS + a repeated random sequence) is at least half of what a "
+            "head of that type reaches; see docs/metrics.md, \"Familiar head types\".</p>\n"
+            + _table(crosstab.to_dict(orient="records"), list(crosstab.columns)))
+
+
+def _notes(analysis: Analysis) -> str:
+    """What was not measurable, and what the queries saw (sliding windows, BOS)."""
+    reasons = analysis.geometry.not_measurable()
     notes = "" if not reasons else "<h2>Not measurable</h2>\n<ul>" + "".join(
         f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>\n"
     seen = attention_notes(analysis)
-    notes += "" if not seen else "<h2>What the queries saw</h2>\n<ul>" + "".join(
-        f"<li>{html.escape(line)}</li>" for line in seen) + "</ul>\n"
-    blocks = "\n".join(f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i, is_map)}"
-                       for i, (name, fig, is_map) in enumerate(figures))
-    body = f"""<h2>Run settings</h2>
-{_table(setting_rows, ["setting", "value"])}
-{notes}<h2>Claims of the paper and what this run measured</h2>
-{_table(claims, ["id", "paper", "measured", "holds", "rule"])}
-{types}
-<div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
-<script>
-var TLG_HEADS = {script_safe_json(head_rows)};
-function showHead(name) {{
-  var row = TLG_HEADS[name]; if (!row) return;
-  var panel = document.getElementById('tlg-head'); panel.style.display = 'block';
-  document.getElementById('tlg-head-name').textContent = name;
-  var table = document.getElementById('tlg-head-table'); table.textContent = '';
-  Object.keys(row).forEach(function (key) {{
-    var tr = table.insertRow(); tr.insertCell().textContent = key;
-    var value = row[key]; tr.insertCell().textContent = (typeof value === 'number') ? value.toPrecision(4) :
-      (value === null ? 'not measurable' : String(value));
-  }});
-}}
-</script>
-{blocks}"""
-    return _page(title, body)
+    return notes + ("" if not seen else "<h2>What the queries saw</h2>\n<ul>" + "".join(
+        f"<li>{html.escape(line)}</li>" for line in seen) + "</ul>\n")
 
 
 def _page(title: str, body: str) -> str:
