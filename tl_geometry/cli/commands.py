@@ -19,9 +19,9 @@ from pathlib import Path
 from ..errors import TLGeometryError
 from ..io import atomic_path
 from ..run.run_folder import RunFolder
-from .options import PROTOCOLS, apply_protocol, check_positive, parse_fractions, parse_n, parse_repeats
+from .options import PROTOCOLS, apply_protocol, check_positive, parse_n, parse_repeats
 
-__all__ = ["analyze_command", "prune_command", "stream_command", "report_command", "compare_command"]
+__all__ = ["analyze_command", "report_command", "compare_command", "write_run_report", "check_model_name"]
 
 
 def _drilldowns(model, analysis, windows) -> dict[str, str]:
@@ -64,7 +64,7 @@ def _report_parts(run: RunFolder, say=print) -> dict:
     return dict(analysis=analysis, title=title, drilldowns=run.read_drilldowns(), **extras)
 
 
-def _write_report(run: RunFolder, say=print, parts: dict | None = None) -> Path:
+def write_run_report(run: RunFolder, say=print, parts: dict | None = None) -> Path:
     """report.html of a run folder, from ``parts`` when the caller has read them already."""
     from ..present.report import write_report
 
@@ -111,7 +111,7 @@ def _model_options(args: argparse.Namespace) -> dict:
     return options
 
 
-def _check_model_name(name: str) -> None:
+def check_model_name(name: str) -> None:
     from ..capture.models import BUNDLED_MODELS
 
     if name not in BUNDLED_MODELS and "/" not in name:
@@ -162,7 +162,7 @@ def analyze_command(args: argparse.Namespace) -> None:
 
     # Everything that can be checked without the model, before it loads and before the folder changes.
     apply_protocol(args)
-    _check_model_name(args.model)
+    check_model_name(args.model)
     _check_model_flags(args, args.model in BUNDLED_MODELS)
     if args.seq_len < 2:
         raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
@@ -212,131 +212,11 @@ def analyze_command(args: argparse.Namespace) -> None:
             settings.update(windows.describe(), cli_model=args.model, corpus_spec=str(args.corpus), world_size=world_size,
                             protocol=args.protocol)
         run.write_analysis(analysis, result.settings, _drilldowns(model, analysis, windows))
-        report = _write_report(run, say)
+        report = write_run_report(run, say)
         own_checkpoint.unlink(missing_ok=True)
         _say_results(analysis, args.queries, say)
         say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
             "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
-        print(report.resolve())
-
-
-def _finished_run(args: argparse.Namespace):
-    """A finished run folder that a derived job (prune, stream) may write to, checked before any
-    model loads: the folder, its analysis, the model name (``--model`` or the run's settings), the
-    run's seed and its corpus."""
-    from ..capture.corpus import load_corpus
-    from ..run.results import Analysis
-
-    run = RunFolder(args.run)
-    analysis = Analysis.load(run.path)
-    run.check_writable()
-    settings = run.read_settings()
-    name = args.model or settings.get("cli_model")
-    if not isinstance(name, str):
-        raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
-    _check_model_name(name)
-    try:
-        seed = int(settings.get("seed", 0))
-    except (TypeError, ValueError):
-        raise TLGeometryError(f"{run.settings}: seed {settings.get('seed')!r} is not an integer; fix it or rerun "
-                              "tl-geometry analyze") from None
-    corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
-    return run, analysis, name, seed, corpus
-
-
-def _resume_or_restart(checkpoint, say) -> None:
-    """A derived job's checkpoint in its run folder: resumed when it can be, else removed (its job
-    or settings differ, or it is damaged), as ``analyze`` removes an earlier run's without --resume."""
-    problem = checkpoint.problem()
-    if problem is not None:
-        checkpoint.drop()
-        say(f"removed {checkpoint.path.name}: {problem}; starting afresh")
-
-
-def prune_command(args: argparse.Namespace) -> None:
-    from ..capture.corpus import make_windows
-    from ..capture.model_info import describe_model
-    from ..capture.models import load_model
-    from ..intervene.importance import IMPORTANCE_METHODS, head_importance
-    from ..intervene.pruning import pruning_curve, scan_checkpoint, single_head_scan, topn_deletion
-
-    for flag in ("--windows", "--seq-len", "--scan-windows", "--scan-seq-len"):
-        check_positive(flag, getattr(args, flag[2:].replace("-", "_")))
-    if args.seq_len < 2 or args.scan_seq_len < 2:
-        raise TLGeometryError("--seq-len and --scan-seq-len must be ≥ 2 (BOS and at least one token)")
-    run, analysis, name, seed, corpus = _finished_run(args)
-    run_id = analysis.geometry.settings.get("run_id")
-    say = (lambda *a: None) if args.quiet else print
-    start = time.perf_counter()
-    model = load_model(name)
-    info = describe_model(model)
-    info.check_length(max(args.seq_len, args.scan_seq_len))  # before any window is cut or any head ranked
-    analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
-    # Held-out windows: another seed than the analysis, same length.
-    held = make_windows(model, corpus, args.seq_len, args.windows, seed + 1).tokens
-    # Gradient and entropy rank heads on the first half of the held-out windows (magnitude, random and
-    # taxonomy need no tokens); the curves are measured on the other half.
-    importances = {m: head_importance(model, held[: max(1, args.windows // 2)], m, taxonomy=analysis.taxonomy)
-                   for m in IMPORTANCE_METHODS}
-    evaluation = held[args.windows // 2:] if args.windows > 1 else held
-    if args.windows == 1:
-        say("--windows 1: the gradient and entropy rankings and the curves use the same single window "
-            "(pass --windows 2 or more to rank on one half and evaluate on the other)")
-    with run.writing():  # one writer: another prune or analysis of this folder is refused
-        run.verify()  # the analysis is still the one the tables are computed from
-        curve = pruning_curve(model, evaluation, importances, progress=not args.quiet)
-        path = run.write_derived("pruning.csv", curve, run_id)
-        say(f"pruning curves ({evaluation.shape[0]} held-out windows x {evaluation.shape[1]} tokens) in {path}")
-        scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
-        _resume_or_restart(scan_checkpoint(run.scan_checkpoint, model, scan_tokens), say)
-        scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=not args.quiet)
-        run.write_scan(scan, run_id)
-        run.write_topn([topn_deletion(model, evaluation, renormalise=renormalise, progress=not args.quiet)
-                        for renormalise in (False, True)], run_id)
-        run.scan_checkpoint.unlink(missing_ok=True)
-        report = _write_report(run, say)
-        say(f"done in {time.perf_counter() - start:.0f}s")
-        print(report.resolve())
-
-
-def stream_command(args: argparse.Namespace) -> None:
-    from ..capture.corpus import make_windows
-    from ..capture.model_info import describe_model
-    from ..capture.models import load_model
-    from ..intervene.streaming import check_streaming_arguments, stream_checkpoint, streaming_curve
-
-    if args.seq_len is None:
-        args.seq_len = PROTOCOLS[args.protocol]["seq_len"]
-    for flag in ("--windows", "--seeds"):
-        check_positive(flag, getattr(args, flag[2:].replace("-", "_")))
-    if args.seq_len < 2:
-        raise TLGeometryError(f"--seq-len must be ≥ 2 (BOS and at least one token); got {args.seq_len}")
-    orders = tuple(args.orders.split(","))
-    fractions = parse_fractions(args.fractions)
-    check_streaming_arguments(args.seq_len, fractions, orders, args.window, args.sink, args.seeds)
-    run, analysis, name, seed, corpus = _finished_run(args)
-    run_id = analysis.geometry.settings.get("run_id")
-    say = (lambda *a: None) if args.quiet else print
-    start = time.perf_counter()
-    model = load_model(name)
-    info = describe_model(model)  # before the folder is touched
-    info.check_length(args.seq_len)
-    analysis.taxonomy.check_fits(info.n_layers, info.n_heads, "pass the analysis of this model (or --model)")
-    # Held-out windows: another seed than the analysis and the pruning curves.
-    held = make_windows(model, corpus, args.seq_len, args.windows, seed + 2).tokens
-    with run.writing():  # one writer: another stream, prune or analysis of this folder is refused
-        run.verify()
-        _resume_or_restart(stream_checkpoint(run.stream_checkpoint, model, held, window=args.window, sink=args.sink), say)
-        curve = streaming_curve(model, held, analysis, fractions=fractions, window=args.window, sink=args.sink,
-                                orders=orders, seeds=args.seeds, checkpoint=run.stream_checkpoint, types=analysis.head_types,
-                                progress=not args.quiet)
-        path = run.write_derived("streaming.csv", curve.to_dataframe(), run_id)
-        run.stream_checkpoint.unlink(missing_ok=True)
-        say(f"streaming curves ({held.shape[0]} held-out windows x {held.shape[1]} tokens) in {path}")
-        for order, area in curve.area_to_oracle().items():
-            say(f"  {order}: area above the oracle {area:+.4f}")
-        report = _write_report(run, say)
-        say(f"done in {time.perf_counter() - start:.0f}s")
         print(report.resolve())
 
 
@@ -345,7 +225,7 @@ def report_command(args: argparse.Namespace) -> None:
     parts = _report_parts(run, lambda *a: print(*a, file=sys.stderr))  # every file read before anything is written
     run.check_writable()
     with run.writing():
-        print(_write_report(run, parts=parts).resolve())
+        print(write_run_report(run, parts=parts).resolve())
 
 
 def compare_command(args: argparse.Namespace) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from ..errors import TLGeometryError
-from .commands import analyze_command, compare_command, prune_command, report_command, stream_command
+from .commands import analyze_command, compare_command, report_command
+from .derived_jobs import prune_command, stream_command
 from .options import PROTOCOLS, HelpFormatter, model_flags, threads_flag, torch_threads
 
 
@@ -52,28 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--quiet", action="store_true", help="print only the report path")
     threads_flag(analyze)
     analyze.set_defaults(handler=analyze_command, interrupted="rerun the same command with --resume to continue")
-    prune = sub.add_parser("prune", help="pruning curves, single-head scan and top-N deletion for a finished run",
-                           formatter_class=fmt)
-    prune.add_argument("run", help="run folder written by tl-geometry analyze")
-    prune.add_argument("--windows", type=int, default=16, help="held-out windows (half rank gradient/entropy, half evaluate)")
-    prune.add_argument("--seq-len", type=int, default=256, help="tokens per held-out window")
+    prune = _derived_parser(sub, "prune", "pruning curves, single-head scan and top-N deletion for a finished run",
+                            windows=(16, "held-out windows (half rank gradient/entropy, half evaluate)"),
+                            seq_len=(256, "tokens per held-out window"), handler=prune_command,
+                            interrupted="rerun the same command: the single-head scan continues from its checkpoint")
     prune.add_argument("--scan-windows", type=int, default=4, help="windows of the single-head scan")
     prune.add_argument("--scan-seq-len", type=int, default=128, help="tokens per window of the single-head scan")
-    prune.add_argument("--model", default=None, help="model name when the run's settings do not say")
-    prune.add_argument("--quiet", action="store_true", help="print only the report path")
-    threads_flag(prune)
-    prune.set_defaults(handler=prune_command,
-                       interrupted="rerun the same command: the single-head scan continues from its checkpoint")
-    stream = sub.add_parser("stream", help="which kv heads can keep only the sink and a recent window: streaming "
-                            "curves per order for a finished run (SmolLM2 defaults: 11 min measured on 2 cores)",
-                            formatter_class=fmt)
-    stream.add_argument("run", help="run folder written by tl-geometry analyze")
-    stream.add_argument("--windows", type=int, default=1, help="held-out windows the loss is measured on")
+    stream = _derived_parser(sub, "stream", "which kv heads can keep only the sink and a recent window: streaming "
+                             "curves per order for a finished run (SmolLM2 defaults: 11 min measured on 2 cores)",
+                             windows=(1, "held-out windows the loss is measured on"),
+                             seq_len=(None, "tokens per held-out window (default: 1024; 256 with --protocol default)"),
+                             handler=stream_command, interrupted="rerun the same command: it continues from its checkpoint")
     stream.add_argument("--protocol", choices=list(PROTOCOLS), default="paper",
                         help="preset of --seq-len: paper (1024-token held-out windows, where a 64-key window is a "
                              "sixteenth of the context) or default (the analysis' 256); an explicit --seq-len wins")
-    stream.add_argument("--seq-len", type=int, default=None,
-                        help="tokens per held-out window (default: 1024; 256 with --protocol default)")
     stream.add_argument("--window", type=int, default=64, help="recent keys a streaming head keeps, the query included")
     stream.add_argument("--sink", type=int, default=4, help="first positions a streaming head keeps")
     stream.add_argument("--orders", default="taxonomy,echo_induction,entropy,random,oracle",
@@ -81,10 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",
                         help="shares of kv heads that stream, comma-separated, in (0, 1]")
     stream.add_argument("--seeds", type=int, default=3, help="random orders")
-    stream.add_argument("--model", default=None, help="model name when the run's settings do not say")
-    stream.add_argument("--quiet", action="store_true", help="print only the report path")
-    threads_flag(stream)
-    stream.set_defaults(handler=stream_command, interrupted="rerun the same command: it continues from its checkpoint")
     report = sub.add_parser("report", help="rebuild report.html of a run folder from its saved results",
                             formatter_class=fmt)
     report.add_argument("run", help="run folder written by tl-geometry analyze")
@@ -98,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     comparison.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out")
     comparison.set_defaults(handler=compare_command, interrupted="rerun the same command")
     return parser
+
+
+def _derived_parser(sub, name: str, help: str, *, windows: tuple[int, str], seq_len: tuple[int | None, str],
+                    handler: Callable[[argparse.Namespace], None], interrupted: str) -> argparse.ArgumentParser:
+    """A job derived from a finished run (prune, stream): the run folder, its held-out windows and
+    their length, the model when the run's settings do not say, --quiet and --threads; the caller
+    adds the job's own flags."""
+    job = sub.add_parser(name, help=help, formatter_class=HelpFormatter)
+    job.add_argument("run", help="run folder written by tl-geometry analyze")
+    job.add_argument("--windows", type=int, default=windows[0], help=windows[1])
+    job.add_argument("--seq-len", type=int, default=seq_len[0], help=seq_len[1])
+    job.add_argument("--model", default=None, help="model name when the run's settings do not say")
+    job.add_argument("--quiet", action="store_true", help="print only the report path")
+    threads_flag(job)
+    job.set_defaults(handler=handler, interrupted=interrupted)
+    return job
 
 
 def main(argv: list[str] | None = None) -> int:
