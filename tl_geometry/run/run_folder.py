@@ -64,6 +64,16 @@ RESULT_FILES = ("geometry.safetensors", "taxonomy.safetensors", "settings.json",
 _OLD_CHECKPOINTS = ("scan_checkpoint.json", "stream_checkpoint.json")
 
 
+class _File:
+    """A file of the run folder by name: ``run.geometry`` is ``run.path / "geometry.safetensors"``."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, run: RunFolder | None, owner: type | None = None) -> Path:
+        return self if run is None else run.path / self.name  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class RunFolder:
     """One run folder (see the module docstring for its files). ``api``: refusals name the Python
@@ -85,45 +95,16 @@ class RunFolder:
         return "save to another folder" if self.api else "choose another --out"
 
     # ----- names --------------------------------------------------------------------------------
-    @property
-    def geometry(self) -> Path:
-        return self.path / "geometry.safetensors"
-
-    @property
-    def taxonomy(self) -> Path:
-        return self.path / "taxonomy.safetensors"
-
-    @property
-    def settings(self) -> Path:
-        return self.path / "settings.json"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.path / "checkpoint.safetensors"
-
-    @property
-    def scan_checkpoint(self) -> Path:
-        return self.path / "scan_checkpoint.safetensors"
-
-    @property
-    def stream_checkpoint(self) -> Path:
-        return self.path / "stream_checkpoint.safetensors"
-
-    @property
-    def report(self) -> Path:
-        return self.path / "report.html"
-
-    @property
-    def derived_manifest(self) -> Path:
-        return self.path / "derived.json"
-
-    @property
-    def manifest(self) -> Path:
-        return self.path / MANIFEST
-
-    @property
-    def marker(self) -> Path:
-        return self.path / MARKER
+    geometry = _File("geometry.safetensors")
+    taxonomy = _File("taxonomy.safetensors")
+    settings = _File("settings.json")
+    checkpoint = _File("checkpoint.safetensors")
+    scan_checkpoint = _File("scan_checkpoint.safetensors")
+    stream_checkpoint = _File("stream_checkpoint.safetensors")
+    report = _File("report.html")
+    derived_manifest = _File("derived.json")
+    manifest = _File(MANIFEST)
+    marker = _File(MARKER)
 
     def drilldown(self, regime: str) -> Path:
         return self.path / f"drilldown_{regime}.json"
