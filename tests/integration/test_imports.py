@@ -95,5 +95,5 @@ def test_every_layer_folder_is_in_the_order_and_the_top_level_is_small():
 
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
-    assert "measure.query_rows" in graph["measure.layer_measures"]  # imported inside _measure_numba
+    assert "capture.adapters" in graph["present.drilldown"]  # imported inside head_drilldown
     assert "run.run_folder" in graph["run.results"]  # imported inside Analysis.save
