@@ -12,8 +12,12 @@ import pytest
 from jaxtyping import config, install_import_hook
 
 _PACKAGE = Path(__file__).resolve().parent / "tl_geometry"
-_CHECKED = [f"tl_geometry.{path.stem}" for path in sorted(_PACKAGE.glob("*.py")) if path.stem != "__init__"]
-install_import_hook(_CHECKED, "beartype.beartype")
+# Every module but the package's namespace and the engine: the top-level ones and each folder
+# (a folder's name covers its submodules).
+CHECKED = sorted([f"tl_geometry.{path.stem}" for path in _PACKAGE.glob("*.py") if path.stem != "__init__"]
+                 + [f"tl_geometry.{path.name}" for path in _PACKAGE.iterdir()
+                    if (path / "__init__.py").is_file() and path.name != "_engine"])
+install_import_hook(CHECKED, "beartype.beartype")
 
 
 @pytest.fixture(autouse=True)

@@ -23,3 +23,11 @@ def random_attention(batch, heads, kv, pos, d=4, seed=0, lengths=None, dtype=tor
 
 # tiny runs rest their labels on few votes: tests that expect no other warning filter this one
 FEW_VOTES_WARNING = "the regime labels rest on"
+
+
+def softmax_rows(dtype, batch=2, heads=2, pos=48, seed=0):
+    """Causal softmax rows computed in ``dtype`` (as a model running in it writes hook_pattern)."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = (3 * torch.randn(batch, heads, pos, pos, generator=gen)).to(dtype)
+    causal = torch.ones(pos, pos, dtype=torch.bool).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1)

@@ -123,3 +123,10 @@ def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False, window=None, theore
                     out_p[b, h, t, ni] = max(n / (n + sum(x <= max(bounds[k][0]) for x in bounds[k][1])) for k in theorems)
                     out_r[b, h, t, ni] = max(sum(u < min(bounds[k][1]) for u in bounds[k][0]) for k in theorems) / n
     return out_p, out_r
+
+
+def assert_same_separability(a, b, atol=1e-12):
+    """Two :class:`Separability` results equal (NaN where undefined in both)."""
+    for name in ("precision", "recall", "f", "margin", "inversions"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), equal_nan=True, atol=atol, rtol=0, msg=name)
+    assert torch.equal(a.sink_selected, b.sink_selected)

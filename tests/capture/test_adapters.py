@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,46 +10,17 @@ import torch
 import tl_geometry as tlg
 from tl_geometry.capture.adapters import align_value_heads, hook_names, stream_layers, unexplained_window
 from tl_geometry.capture.cache import read_layer
-from tl_geometry.capture.model_info import _sliding_windows, describe_model
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.intervene.ablation import mean_nll
 from tl_geometry.run.analysis import analyze
 
-from ..tiny import random_tokens, tiny_bridge, tiny_hooked, tiny_windowed
+from ..tiny import random_tokens, tiny_bridge, tiny_windowed
 
 
 def _collect(model, tokens, **kwargs):
     out = {}
     stream_layers(model, tokens, lambda layer, att: out.__setitem__(layer, att), **kwargs)
     return out
-
-
-def test_describe_model_both_classes(tiny_model):
-    info = describe_model(tiny_model)
-    assert info.model_class in ("HookedTransformer", "TransformerBridge")
-    assert (info.n_layers, info.n_heads, info.d_head) == (3, 4, 8)
-    assert info.n_heads % info.n_kv_heads == 0
-    assert info.processing["value_bias_folded"] is False
-
-
-def test_model_class_detected_by_instance():
-    assert describe_model(tiny_bridge()).model_class == "TransformerBridge"
-
-
-def test_hooked_model_class_detected():
-    assert describe_model(tiny_hooked()).model_class == "HookedTransformer"
-
-
-def test_not_a_model_raises_type_error_naming_what_is_missing():
-    with pytest.raises(TLGeometryError, match="lacks cfg, run_with_hooks, hook_dict, blocks"):
-        describe_model(torch.nn.Linear(2, 2))
-
-
-def test_non_causal_model_refused():
-    model = tiny_bridge()
-    model.cfg.attention_dir = "bidirectional"
-    with pytest.raises(ValueError, match="causal"):
-        stream_layers(model, random_tokens(1, 5), lambda *a: None)
 
 
 def test_gqa_alignment_reproduces_hook_z(tiny_model):
@@ -68,18 +38,6 @@ def test_align_value_heads_is_repeat_interleave_not_repeat():
     assert align_value_heads(v, 6).flatten().tolist() == [0, 0, 1, 1, 2, 2]
     with pytest.raises(ValueError, match="does not divide"):
         align_value_heads(v, 4)
-
-
-def test_streaming_equals_cache_path(tiny_model):
-    tokens = random_tokens(2, 8, seed=1)
-    streamed = _collect(tiny_model, tokens)
-    _, cache = tiny_model.run_with_cache(tokens)
-    assert sorted(streamed) == list(range(tiny_model.cfg.n_layers))
-    for layer, att in streamed.items():
-        ref = read_layer(cache, layer)
-        torch.testing.assert_close(att.pattern, ref.pattern)
-        torch.testing.assert_close(att.v, ref.v)
-        assert att.pattern.dtype == torch.float32 and att.v.shape[2] == att.pattern.shape[1]
 
 
 def test_streaming_a_subset_of_layers(tiny_model):
@@ -127,19 +85,6 @@ def test_padding_equals_unpadded(tiny_model, side):
         torch.testing.assert_close(att.v[1, :5], alone_short[layer].v[0], atol=1e-5, rtol=1e-4)
 
 
-def test_read_layer_from_plain_dict_and_left_padding_realigned():
-    pattern = torch.zeros(1, 2, 4, 4)
-    pattern[0, :, 1, 1] = 1.0  # left pad at position 0; first real query attends to itself
-    pattern[0, :, 2, 1:3] = 0.5
-    pattern[0, :, 3, 1:4] = 1 / 3
-    v = torch.arange(4.0).view(1, 4, 1, 1).expand(1, 4, 1, 3)
-    names = hook_names(0)
-    att = read_layer({names[0]: pattern, names[1]: v}, 0, attention_mask=torch.tensor([[0, 1, 1, 1]]))
-    assert att.key_mask.tolist() == [[True, True, True, False]]
-    assert att.pattern[0, 0, 0, 0] == 1.0 and att.pattern[0, 0, 1, :2].tolist() == [0.5, 0.5]
-    assert att.v[0, :3, 0, 0].tolist() == [1.0, 2.0, 3.0] and att.v.shape == (1, 4, 2, 3)
-
-
 def test_has_bos_flags():
     pattern, v = torch.full((2, 1, 3, 3), 1 / 3), torch.ones(2, 3, 1, 2)
     names = hook_names(0)
@@ -179,14 +124,6 @@ def test_stream_layers_bad_inputs():
         stream_layers(model, random_tokens(1, 4), lambda *a: None, attention_mask=torch.tensor([[1, 0, 1, 1]]))
 
 
-def test_value_bias_folding_is_recorded_and_warned():
-    model = tiny_hooked()
-    model.cfg.original_architecture = "GPT2LMHeadModel"  # has value biases; b_V here is all zero
-    with pytest.warns(UserWarning, match="fold_value_biases"):
-        info = describe_model(model)
-    assert info.processing["value_bias_folded"] is True
-
-
 @pytest.mark.slow
 def test_real_smollm2_streamed_forward(smollm2):
     tokens = smollm2.to_tokens(["The quick brown fox jumps over the lazy dog."])
@@ -204,18 +141,6 @@ def test_real_smollm2_streamed_forward(smollm2):
     torch.testing.assert_close(z, cache["blocks.7.attn.hook_z"], atol=1e-4, rtol=1e-4)
 
 
-def test_sliding_window_layers_read_from_the_hooked_config():
-    model = tiny_hooked(use_local_attn=True, attn_types=["global", "local", "global"], window_size=4)
-    assert describe_model(model).sliding_windows == {1: 4}
-    seen = {}
-    stream_layers(model, random_tokens(1, 8), lambda layer, att: seen.setdefault(layer, att))
-    # what the adapters read is what the model does: the local layer's last query sees 4 keys
-    assert (seen[0].window, seen[1].window) == (None, 4)
-    assert int((seen[1].pattern[0, :, -1] > 0).sum(-1).max()) == 4
-    assert int((seen[0].pattern[0, :, -1] > 0).sum(-1).min()) == 8
-    assert all(unexplained_window(att) is None for att in seen.values())
-
-
 @pytest.mark.parametrize("style", ["hooked", "mistral"])
 def test_a_window_no_configuration_declares_is_told_by_the_pattern(style):
     model = tiny_windowed(style, layers=("global", "local", "global"), window=4)
@@ -228,25 +153,6 @@ def test_a_window_no_configuration_declares_is_told_by_the_pattern(style):
     with pytest.warns(UserWarning, match=r"layer 1: every head's last query gives weight exactly 0 to each position "
                                          r"before its last 4,.* declares none"):
         analyze(dict(cache.items()), n=(1, 2), progress=False, bootstrap=10)
-
-
-@pytest.mark.parametrize("hf_config, expected", [
-    ({"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
-     {0: 512, 2: 512}),
-    ({"sliding_window": 4096}, {0: 4096, 1: 4096, 2: 4096}),  # Mistral: every layer
-    ({"sliding_window": 4096, "use_sliding_window": False}, {}),  # Qwen2 with the window switched off
-    ({"sliding_window": None}, {}),
-    ({"text_config": SimpleNamespace(sliding_window=8, layer_types=["full_attention"] * 2 + ["sliding_attention"])},
-     {2: 8}),
-    # Qwen2 before layer_types: the layers from max_window_layers on slide
-    ({"sliding_window": 32, "use_sliding_window": True, "max_window_layers": 1}, {1: 32, 2: 32}),
-    ({"sliding_window": 32, "use_sliding_window": False, "max_window_layers": 1}, {}),
-    # GPT-Neo: window_size on its "local" attention_layers
-    ({"window_size": 256, "attention_layers": ["global", "local", "global"]}, {1: 256}),
-])
-def test_sliding_window_layers_read_from_a_bridged_hugging_face_config(hf_config, expected):
-    model = SimpleNamespace(cfg=SimpleNamespace(), original_model=SimpleNamespace(config=SimpleNamespace(**hf_config)))
-    assert _sliding_windows(model, 3) == expected
 
 
 # Every entry that runs the model: (call on a model of context 64 and 65-token windows).

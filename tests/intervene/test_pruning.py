@@ -56,3 +56,6 @@ def test_topn_deletion_beyond_sequence_length_changes_nothing(tiny_model):
         assert smallest == (1 if res.delta_nll[0] <= tau else 6)
     renorm = topn_deletion(tiny_model, tokens, (1,), renormalise=True, progress=False)
     assert renorm.delta_nll[0] != res.delta_nll[0]
+    with pytest.warns(DeprecationWarning, match="now n="):  # the former keyword, for one release
+        old = topn_deletion(tiny_model, tokens, n_values=(1, 6, 50), progress=False)
+    assert torch.equal(old.delta_nll, res.delta_nll)

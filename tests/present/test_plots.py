@@ -15,9 +15,9 @@ import tl_geometry as tlg
 from tl_geometry import plots
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.label.taxonomy import REGIMES
-from tl_geometry.present import drilldown
 
 from ..tiny import random_tokens, tiny_model
+from .colour_vision import deuteranope
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +57,6 @@ def test_per_n_metric_has_one_button_per_n(res):
     assert not per_head.layout.updatemenus and per_head.data[0].colorscale[0][1] == "#440154"  # Viridis
     with pytest.raises(TLGeometryError, match="delta_nll tensor"):
         plots.head_map(res, "delta_nll")
-
-
-def _deuteranope(hex_color: str) -> torch.Tensor:
-    """sRGB 0..1 of ``hex_color`` as a deuteranope sees it (Machado et al. 2009, severity 1, in linear RGB)."""
-    srgb = torch.tensor([int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)], dtype=torch.float64)
-    linear = torch.where(srgb <= 0.04045, srgb / 12.92, ((srgb + 0.055) / 1.055) ** 2.4)
-    machado = torch.tensor([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
-                            [-0.011820, 0.042940, 0.968881]], dtype=torch.float64)
-    seen = (machado @ linear).clamp(0, 1)
-    return torch.where(seen <= 0.0031308, 12.92 * seen, 1.055 * seen ** (1 / 2.4) - 0.055)
-
-
-def test_regime_colours_stay_apart_for_a_deuteranope():
-    seen = [_deuteranope(plots.REGIME_COLORS[r]) for r in REGIMES]
-    gaps = [float((seen[i] - seen[j]).norm()) for i in range(3) for j in range(i + 1, 3)]
-    assert min(gaps) > 0.25, gaps
-    # the old red and green fall together: the check can fail
-    assert float((_deuteranope("#d62728") - _deuteranope("#2ca02c")).norm()) < 0.25
 
 
 def test_any_per_head_tensor_is_mapped_with_its_title_and_signed_values_diverge(res):
@@ -133,7 +115,7 @@ def test_cells_cover_most_of_the_plot_area_in_a_browser(tmp_path, layers, heads)
 
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
-def test_the_rendered_head_map_stays_readable_for_a_deuteranope(tmp_path):
+def test_the_rendered_head_map_stays_readable_for_adeuteranope(tmp_path):
     """A screenshot of the regime map in a browser: each regime's cells are there in its colour, and
     after a deuteranopia simulation of the screenshot's pixels the three stay apart."""
     from PIL import Image
@@ -155,21 +137,9 @@ def test_the_rendered_head_map_stays_readable_for_a_deuteranope(tmp_path):
         target = torch.tensor([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=torch.float64)
         mine = pixels[(pixels - target).abs().max(-1).values <= 2]
         assert len(mine) > 0.05 * len(pixels), (regime, len(mine))  # its stripes fill a share of the page
-        seen[regime] = _deuteranope("#" + "".join(f"{int(round(x)):02x}" for x in mine.mean(0).tolist()))
+        seen[regime] = deuteranope("#" + "".join(f"{int(round(x)):02x}" for x in mine.mean(0).tolist()))
     gaps = [float((seen[a] - seen[b]).norm()) for i, a in enumerate(REGIMES) for b in REGIMES[i + 1:]]
     assert min(gaps) > 0.25, gaps
-
-
-def test_whitespace_tokens_are_visible_and_escaped():
-    assert plots.visible_token(" the") == "␣the" and plots.visible_token("\n\t") == "↵⇥"
-    assert plots.visible_token("") == "∅" and plots.visible_token(" <b>") == "␣&lt;b&gt;"
-
-
-def test_a_dominant_point_is_left_off_the_pca_range():
-    cloud = torch.randn(10, 2, generator=torch.Generator().manual_seed(0))
-    assert drilldown._off_scale(cloud) is None
-    cloud[0] = torch.tensor([80.0, -60.0])  # a sink that dwarfs the rest
-    assert drilldown._off_scale(cloud) == 0
 
 
 def test_an_unknown_colour_is_one_clear_error(res):

@@ -79,33 +79,6 @@ def test_report_renders_in_headless_chromium(analysis, tmp_path):
     assert shot.stat().st_size > 10_000
 
 
-@pytest.mark.slow
-def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
-    fig = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", 3, 1, n=2)
-    text = fig.to_json()
-    assert "<script" not in text and "&lt;" in text  # token pieces of the tag arrive escaped
-    assert fig.layout.title.text.startswith("L3H1, N=2: P=")
-    bars, selected, unselected = fig.data[0], fig.data[1], fig.data[2]
-    assert bars.x[2].startswith("2: ␣") and all(": " in label for label in bars.x)  # tokens, spaces visible
-    distances = sorted([*zip(selected.x, selected.y, strict=True), *zip(unselected.x, unselected.y, strict=True)])
-    assert [d for _, d in distances] == sorted(d for _, d in distances)  # sorted by distance
-    rho_max, rho_min = max(selected.y), min(unselected.y)
-    assert sorted(shape.y0 for shape in fig.layout.shapes) == sorted([rho_max, rho_min])  # the two radii as lines
-    # P and R read off the picture: outsiders at or under ρ_max, insiders under ρ_min
-    p, r = (float(x) for x in re.findall(r"P=([\d.]+) R=([\d.]+)", fig.layout.title.text)[0])
-    inside = sum(d <= rho_max for d in unselected.y)
-    assert p == pytest.approx(2 / (2 + inside), abs=0.005) and r == pytest.approx(sum(d < rho_min for d in selected.y) / 2, abs=0.005)
-    positions = {a.text: (a.xanchor, a.yanchor) for a in fig.layout.annotations if a.text in ("ρ_max", "ρ_min")}
-    assert len(positions) == 2 and positions["ρ_max"] != positions["ρ_min"]  # the labels do not sit on each other
-    # the certificate's line, never above what the picture shows
-    found = re.search(r"precision ≥ ([\d.]+), recall ≥ ([\d.]+)", fig.layout.title.text)
-    assert found or "proves nothing" in fig.layout.title.text
-    if found:
-        assert float(found[1]) <= p + 0.005 and float(found[2]) <= r + 0.005
-    same = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", "L3H1", n=2)
-    assert same.layout.title.text == fig.layout.title.text  # the head by its name
-
-
 def test_head_rows_hold_json_nulls_and_booleans(analysis):
     import json
 

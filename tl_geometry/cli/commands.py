@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..config import Queries
 from ..errors import TLGeometryError
 from ..io import atomic_path
 from ..run.run_folder import RunFolder
@@ -129,7 +130,7 @@ def _default_out(args: argparse.Namespace) -> str:
     return "runs/" + "-".join([name, *(extra for extra in extras if extra)])
 
 
-def _say_results(analysis, queries: str, say) -> None:
+def _say_results(analysis, queries: Queries, say) -> None:
     """The terminal's summary of a finished analysis: F_N top-N vs random with intervals, what NaN
     means, the regime shares."""
     result = analysis.geometry

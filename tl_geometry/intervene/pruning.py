@@ -4,6 +4,7 @@ layer it changes (:mod:`.residual_replay`)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,29 +175,36 @@ def _keep_top_n(n: int, renormalise: bool) -> Callable[[Tensor], Tensor]:
 def topn_deletion(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
-    n_values: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    n: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
     *,
     renormalise: bool = False,
     attention_mask: Tensor | None = None,
     thresholds: Sequence[float] = (0.01, 0.05, 0.10),
     batch_size: int = 8,
     progress: bool = True,
+    n_values: Sequence[int] | None = None,
 ) -> TopNDeletion:
     """At every query of every head keep the top-N sources (ties to the lower position) with their
     weights and zero the rest (optionally renormalised), during the forward; ΔNLL per N.
-    Needs a model whose pattern can be overridden (HookedTransformer or TransformerLens 4.x)."""
+    Needs a model whose pattern can be overridden (HookedTransformer or TransformerLens 4.x).
+    ``n_values``: the former name of ``n``, kept for one release."""
     from tqdm.auto import tqdm
 
+    if n_values is not None:
+        warnings.warn("topn_deletion(n_values=...) is now n=...; n_values goes in the next release.",
+                      DeprecationWarning, stacklevel=2)
+        n = n_values
     info = describe_model(model)
-    ns = tuple(int(x) for x in n_values)
+    ns = tuple(int(x) for x in n)
     if not ns or min(ns) < 1:
-        raise TLGeometryError(f"n_values must be integers ≥ 1; got {list(n_values)}.")
+        raise TLGeometryError(f"n must be integers ≥ 1; got {list(n)}.")
     # every evaluation changes layer 0 on: nothing below it to replay, so nothing recorded
     replay = ReplayedForwards(model, tokens, attention_mask, batch_size=batch_size, memory=0)
     baseline = replay.baseline_nll
     deltas = []
-    for n in tqdm(ns, desc="top-N deletion", disable=not progress):
-        hooks = [hook for layer in range(info.n_layers) for hook in pattern_override_hooks(layer, _keep_top_n(n, renormalise))]
+    for kept in tqdm(ns, desc="top-N deletion", disable=not progress):
+        hooks = [hook for layer in range(info.n_layers)
+                 for hook in pattern_override_hooks(layer, _keep_top_n(kept, renormalise))]
         nll = replay.mean_nll(hooks)
         deltas.append((nll - baseline) / baseline)
     delta = torch.tensor(deltas, dtype=torch.float64)

@@ -92,7 +92,7 @@ class StreamingCurve:
         return (f"StreamingCurve(window {self.settings.get('window')}, sink {self.settings.get('sink')}, "
                 f"{len(self.fractions)} fractions; area above the oracle: {area})")
 
-    def mean_curve(self, order: str) -> Tensor:
+    def mean_curve(self, order: StreamingOrder) -> Tensor:
         """The order's ΔNLL per fraction (the mean over seeds for ``"random"``)."""
         curve = self.delta_nll[order]
         return curve.mean(0) if curve.dim() == 2 else curve

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .. import _engine as engine
 from ..backend import Backend, resolve_backend
-from ..config import RunConfig
+from ..config import Queries, RunConfig
 from . import separability_job
 from .certificates import CERTIFICATE_KEYS, certificate_tables, sink_aware_bounds, unit_roundoff
 from .metrics import inversion_bounds, separability, separability_over_rankings
@@ -226,7 +226,7 @@ def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerM
                          votes_from_winners(winners, tax_qpos), offset_counts(winners, tax_qpos, att.pattern.shape[-1]))
 
 
-def _positions(att, queries: str) -> Tensor:
+def _positions(att, queries: Queries) -> Tensor:
     return query_positions(att.query_mask, queries)
 
 

@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..config import Queries, Ranking
 from ..errors import TLGeometryError
 from .selection import check_window, selection_scores, squared_value_norms, value_norms64, visible_sources
 
@@ -160,7 +161,7 @@ def default_masks(pattern: Tensor, key_mask: Tensor | None, query_mask: Tensor |
 
 
 def query_positions(
-    query_mask: Bool[Tensor, "batch query"], queries: str | Tensor
+    query_mask: Bool[Tensor, "batch query"], queries: Queries | Tensor
 ) -> Int[Tensor, "batch q"]:
     """Query positions selected by ``queries`` ``[batch, q]``.
 
@@ -235,7 +236,7 @@ class QueryRows:
             return self.visible
         return self.visible & (torch.arange(self.visible.shape[-1], device=self.visible.device) != 0)
 
-    def selection_scores(self, ranking: str | Tensor, exclude_sink: bool = False) -> Float[Tensor, "batch head q key"]:
+    def selection_scores(self, ranking: Ranking | Tensor, exclude_sink: bool = False) -> Float[Tensor, "batch head q key"]:
         """:func:`selection_scores` of the rows (a score tensor must be shaped like the rows)."""
         if isinstance(ranking, Tensor) and ranking.shape != self.alpha.shape:
             raise TLGeometryError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
@@ -253,7 +254,7 @@ def query_rows(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
     *,
-    queries: str | Tensor = "all",
+    queries: Queries | Tensor = "all",
     key_mask: Bool[Tensor, "batch key"] | None = None,
     query_mask: Bool[Tensor, "batch query"] | None = None,
     window: int | None = None,

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .. import _engine as engine
 from ..backend import on_engine
+from ..config import Ranking
 from ..errors import TLGeometryError
 
 __all__ = ["check_window", "first_visible", "visible_sources", "top_order", "squared_value_norms", "value_norms64", "selection_scores", "precision_from_outside", "COS_EPS"]
@@ -102,7 +103,7 @@ def value_norms64(values: Float[Tensor, "batch kv key d"],
 def selection_scores(
     alpha: Float[Tensor, "batch head q key"],
     candidates: Bool[Tensor, "... key"],
-    ranking: str | Tensor,
+    ranking: Ranking | Tensor,
     value_norm: Float[Tensor, "batch kv key"] | None,
     group: int,
 ) -> Float[Tensor, "batch head q key"]:
