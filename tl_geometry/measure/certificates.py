@@ -27,11 +27,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..config import Queries, Ranking
-from .query_rows import as_n_tuple, check_inputs, query_rows
+from .query_rows import QueryRows, as_n_tuple, query_rows
 from .regime import ValueStatistics, sink_products, value_statistics
 from .selection import precision_from_outside, squared_value_norms, top_order
 
-__all__ = ["SinkAwareBounds", "sink_aware_bounds", "unit_roundoff", "certificate_table", "unit_certificate_table",
+__all__ = ["SinkAwareBounds", "sink_aware_bounds", "sink_aware_bounds_of", "unit_roundoff", "certificate_table", "unit_certificate_table",
            "certificate_tables", "CERTIFICATE_KEYS"]
 
 # The certificates' forms (docs/theory.md), each valid, the largest reported: Theorem 1 on the
@@ -340,12 +340,16 @@ def sink_aware_bounds(
     bounds of the whole prefix ``0..t``, a superset of the visible keys (valid, if looser), and
     a row without its sink has no sink term.
     """
-    check_inputs(pattern, v)
-    ns = as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask, window=window)
+    return sink_aware_bounds_of(rows, as_n_tuple(n), ranking, exclude_sink)
+
+
+def sink_aware_bounds_of(rows: QueryRows, ns: tuple[int, ...], ranking: Ranking | Tensor = "attention",
+                         exclude_sink: bool = False) -> SinkAwareBounds:
+    """:func:`sink_aware_bounds` of rows already gathered (:func:`~.query_rows.query_rows`)."""
     batch, heads, n_sel, n_k = rows.alpha.shape
     stats = value_statistics(rows.values, rows.key_mask)
-    roundoff = unit_roundoff(rows.values.dtype, pattern.device)
+    roundoff = unit_roundoff(rows.values.dtype, rows.values.device)
     index = rows.qpos[:, None, :].expand(-1, rows.values.shape[1], -1)
     alpha = rows.alpha.to(torch.float64, copy=True)  # the certificate's arithmetic: float64 in every run (Lemma 3)
     if exclude_sink:  # the sink takes no part: no weight in s_N, not an unselected source

@@ -28,15 +28,16 @@ from torch import Tensor
 
 from .. import _engine as engine
 from ..backend import Backend, resolve_backend
-from ..config import Queries, RunConfig
+from ..config import RunConfig
 from . import separability_job
-from .certificates import CERTIFICATE_KEYS, certificate_tables, sink_aware_bounds, unit_roundoff
+from .certificates import CERTIFICATE_KEYS, certificate_tables, sink_aware_bounds_of, unit_roundoff
 from .metrics import inversion_bounds, separability, separability_over_rankings
 from .query_rows import (
     check_distribution,
     check_values,
     finite_values,
     query_positions,
+    query_rows,
     row_sum_tolerance,
     squared_norm_limit,
     working_dtype,
@@ -44,8 +45,8 @@ from .query_rows import (
 from .random_orders import random_top_orders
 from .regime import fit_from_statistics, value_statistics
 from .selection import first_visible, squared_value_norms, value_norms64
-from .sink import f_by_sink, sink_geometry, value_sink_statistics
-from .votes import offset_counts, votes_from_winners, winner_sources
+from .sink import f_by_sink, sink_geometry_of, value_sink_statistics
+from .votes import offset_counts, votes_from_winners, winners_of
 
 __all__ = ["LayerMeasures", "RandomDraws", "Workspace", "measure_layer", "PER_KV_FIELDS"]
 
@@ -207,9 +208,10 @@ def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerM
     per_row: dict[str, Tensor] = {}
     per_kv: dict[str, Tensor] = {}
     cosine_by_lag = None
+    # the rows the sink measures, the certificates and (where the queries are the same) the votes read
+    rows = query_rows(att.pattern, kv, queries=config.queries, **masks)
     if config.sink:
-        geometry = sink_geometry(att.pattern, kv, ns, ranking=config.ranking, queries=config.queries,
-                                 exclude_sink=config.exclude_sink, **masks)
+        geometry = sink_geometry_of(rows, ns, config.ranking, config.exclude_sink)
         q.update(align_sink=geometry.align_sink, align_current=geometry.align_current)
         per_row.update(sink_mass=geometry.sink_mass, sink_rank=geometry.sink_rank)
         values = kv.to(att.pattern.dtype).permute(0, 2, 1, 3)
@@ -217,17 +219,13 @@ def _measure_torch(att, config: RunConfig, random: RandomDraws | None) -> LayerM
         q["f_nosink"] = separability(att.pattern, kv, ns, ranking=config.ranking, backend="torch",
                                      **dict(opts, exclude_sink=True)).f
         if config.distance == "euclidean":
-            bounds = sink_aware_bounds(att.pattern, kv, ns, ranking=config.ranking, queries=config.queries,
-                                       exclude_sink=config.exclude_sink, **masks)
+            bounds = sink_aware_bounds_of(rows, ns, config.ranking, config.exclude_sink)
             q.update(precision_bound=bounds.precision, recall_bound=bounds.recall)
-    winners = winner_sources(att.pattern, kv, queries=config.taxonomy_queries, **masks)
-    tax_qpos = top.query_positions if config.taxonomy_queries == config.queries else _positions(att, config.taxonomy_queries)
+    if config.taxonomy_queries != config.queries:
+        rows = query_rows(att.pattern, kv, queries=config.taxonomy_queries, **masks)
+    winners, tax_qpos = winners_of(rows)
     return LayerMeasures(top.query_positions, q, per_row, per_kv, cosine_by_lag,
                          votes_from_winners(winners, tax_qpos), offset_counts(winners, tax_qpos, att.pattern.shape[-1]))
-
-
-def _positions(att, queries: Queries) -> Tensor:
-    return query_positions(att.query_mask, queries)
 
 
 def _measure_numba(att, config: RunConfig, random: RandomDraws | None, workspace: Workspace) -> LayerMeasures:

@@ -34,10 +34,10 @@ from torch import Tensor
 
 from ..config import Queries, Ranking
 from .metrics import Separability
-from .query_rows import as_n_tuple, query_rows
+from .query_rows import QueryRows, as_n_tuple, query_rows
 from .selection import COS_EPS, first_visible, top_order
 
-__all__ = ["SinkGeometry", "sink_geometry", "f_by_sink", "value_norms_and_sink_cosines", "value_sink_statistics"]
+__all__ = ["sink_geometry_of", "SinkGeometry", "sink_geometry", "f_by_sink", "value_norms_and_sink_cosines", "value_sink_statistics"]
 
 
 @dataclass
@@ -122,8 +122,14 @@ def sink_geometry(
         exclude_sink: the alignments' ``s_N`` aggregates the top-N of sources ``1..t`` (as
             ``separability(..., exclude_sink=True)`` selects); the sink's mass and rank are unchanged.
     """
-    ns = as_n_tuple(n)
     rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask, window=window)
+    return sink_geometry_of(rows, as_n_tuple(n), ranking, exclude_sink)
+
+
+def sink_geometry_of(rows: QueryRows, ns: tuple[int, ...], ranking: Ranking | Tensor = "attention",
+                     exclude_sink: bool = False) -> SinkGeometry:
+    """:func:`sink_geometry` of rows already gathered (:func:`~.query_rows.query_rows`): the layer
+    pass's torch branch gathers them once for every measure."""
     batch, heads, n_sel, n_k = rows.alpha.shape
     nan = torch.tensor(torch.nan, dtype=rows.alpha.dtype, device=rows.alpha.device)
     key_mask = rows.key_mask

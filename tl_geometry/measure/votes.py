@@ -22,15 +22,19 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..config import Queries
-from .query_rows import query_rows
+from .query_rows import QueryRows, query_rows
 
-__all__ = ["VOTES", "winner_sources", "vote_counts", "votes_from_winners", "offset_counts"]
+__all__ = ["VOTES", "winner_sources", "winners_of", "vote_counts", "votes_from_winners", "offset_counts"]
 
 VOTES = ("current", "sink", "other")
 
 
 def _winners(pattern, v, queries, key_mask, query_mask, window) -> tuple[Tensor, Tensor]:
-    rows = query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask, window=window)
+    return winners_of(query_rows(pattern, v, queries=queries, key_mask=key_mask, query_mask=query_mask, window=window))
+
+
+def winners_of(rows: QueryRows) -> tuple[Int[Tensor, "batch head q"], Int[Tensor, "batch q"]]:
+    """:func:`winner_sources` of rows already gathered, with their query positions."""
     score = rows.alpha * rows.per_head(rows.value_norm)[:, :, None, :]
     score = torch.where(rows.visible[:, None], score, -torch.inf)
     winner = score.argmax(-1)  # the first maximum: ties go to the lower position
