@@ -12,28 +12,7 @@ from hypothesis import strategies as st
 from tl_geometry.measure.certificates import sink_aware_bounds, unit_roundoff
 from tl_geometry.measure.metrics import inversion_bounds, separability
 
-from ..inputs import random_attention
-
-
-def regime_inputs(seed, pos, d, heads, c, c0, beta, temperature, sink_bias, shared=0.3):
-    """Values in the regime exactly: non-sink norm c around a shared direction e (weight
-    `shared`, which sets the coherence), a sink of norm c0 < c with cos(v_0, e) = beta (the signed
-    alignment); causal attention rows of any sharpness, with extra logit `sink_bias` on the sink."""
-    g = torch.Generator().manual_seed(seed)
-
-    def unit(x):
-        return x / x.norm(dim=-1, keepdim=True)
-
-    noise = unit(torch.randn(1, pos, 1, d, generator=g, dtype=torch.float64))
-    e = unit(torch.randn(d, generator=g, dtype=torch.float64))
-    noise = unit(noise - (noise @ e)[..., None] * e)  # orthogonal to e
-    units = unit(shared * e + (1 - shared**2) ** 0.5 * noise)
-    sink = unit(beta * e + (1 - beta**2) ** 0.5 * noise[:, :1])
-    v = torch.cat([c0 * sink, c * units[:, 1:]], 1)
-    logits = torch.randn(1, heads, pos, pos, generator=g, dtype=torch.float64) * temperature
-    logits[..., 0] += sink_bias
-    causal = torch.ones(pos, pos, dtype=torch.bool).tril()
-    return logits.masked_fill(~causal, -torch.inf).softmax(-1), v
+from ..inputs import random_attention, regime_inputs
 
 
 def example_a(dtype=torch.float64):

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..heads import head_name
 from ..label.taxonomy import REGIMES
 from ..run.results import Analysis
 
@@ -139,7 +140,7 @@ def _scan_claim(scan: torch.Tensor | None, tax) -> dict[str, Any]:
     top = scan.flatten().nan_to_num(-1).argmax()
     layer, head = divmod(int(top), scan.shape[1])
     worst = float(scan[layer, head])
-    return _row("C9", f"most critical head L{layer}H{head} ({tax.labels[layer, head]}): ΔNLL {worst:+.3f}; "
+    return _row("C9", f"most critical head {head_name(layer, head)} ({tax.labels[layer, head]}): ΔNLL {worst:+.3f}; "
                       f"median head {float(scan.flatten().nanmedian()):+.4f}", worst >= 1.0,
                 "one head whose removal alone at least doubles the loss (ΔNLL ≥ 1)")
 

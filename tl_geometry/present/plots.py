@@ -56,7 +56,7 @@ def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> li
         row = []
         for head in range(heads):
             shares = tax.shares[layer, head].tolist()
-            text = (f"<b>L{layer}H{head}</b><br>regime: {tax.labels[layer, head]} "
+            text = (f"<b>{head_name(layer, head)}</b><br>regime: {tax.labels[layer, head]} "
                     f"(current {shares[0]:.2f}, sink {shares[1]:.2f}, other {shares[2]:.2f})<br>"
                     f"F_N={geo.n[n_at]}: top-N {f_top[layer, head]:.3f} vs random {f_random[layer, head]:.3f}")
             if geo.has_sink:
