@@ -1,6 +1,6 @@
 """The engine's structure: compiled code lives in ``tl_geometry._engine`` only, kernels stay short
 and take few (bundled) arguments, the package imports nothing of the one above it, and importing
-it changes no process state."""
+it changes no process state; warm kernels stay on numba's fast dispatch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tl_geometry"
 ENGINE = PACKAGE / "_engine"
@@ -61,3 +63,39 @@ def test_importing_the_package_writes_no_environment_and_sizes_no_thread_pool():
             "assert not parallel._is_initialized")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_warm_kernels_are_dispatched_without_python_typing(monkeypatch):
+    """Once compiled, a kernel call is matched by numba's fast dispatch. numba keys its per-process
+    type table by a bundle's shapes and dtypes, not its class, so two bundle classes of the same
+    shape would send the one typed second through ``_compile_for_args`` and Python's ``typeof`` on
+    every call (about 1 ms each; found when two copies of the package shared a process)."""
+    import numba.core.dispatcher as dispatcher
+    import pytest
+
+    import tl_geometry as tlg
+    from tests.inputs import FEW_VOTES_WARNING, random_attention
+    from tests.tiny import random_tokens, tiny_model
+
+    model = tiny_model()
+    tokens = random_tokens(2, 24)
+    pattern, v, _ = random_attention(2, 4, 2, 24, dtype=torch.float32)
+
+    def every_kernel_entry():
+        for queries in ("last", "all"):
+            tlg.analyze(model, tokens, n=(1, 2, 4), queries=queries, progress=False)
+        tlg.separability(pattern, v, (1, 2, 4))
+        tlg.random_separability(pattern, v, (1, 2, 4))
+        tlg.sink_geometry(pattern, v, (1, 2, 4))
+        tlg.sink_aware_bounds(pattern, v, (1, 2, 4))
+
+    with pytest.warns(UserWarning, match=FEW_VOTES_WARNING):
+        every_kernel_entry()  # compile (or load) every signature
+    slow = []
+    compile_for_args = dispatcher.Dispatcher._compile_for_args
+    monkeypatch.setattr(dispatcher.Dispatcher, "_compile_for_args",
+                        lambda self, *args, **kw: slow.append(self.py_func.__qualname__)
+                        or compile_for_args(self, *args, **kw))
+    with pytest.warns(UserWarning, match=FEW_VOTES_WARNING):
+        every_kernel_entry()
+    assert slow == []
