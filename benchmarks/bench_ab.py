@@ -6,10 +6,10 @@ and the two are timed round after round in alternating order, each analysis call
 plain forward in the same process (its ratio is to the mean of the plain forwards before and
 after it, as in ``bench_analysis``). The ratios of the two commits, and their quotient per
 round, come from the same run on the same machine, so a change's cost is measured apart from
-the machine's drift. Not one process for both: numba keeps one table of argument types per
-process, keyed by the bundles' shapes and dtypes, so the package whose bundles are typed second
-is dispatched through Python on every kernel call (about 1 ms a call), and the two would share
-numba's and torch's thread pools.
+the machine's drift. Not one process for both: numba's per-process table of argument types does
+not tell apart two NamedTuple classes of one name and one shape (both commits' ``LayerRows``,
+``Values``, ...), so the package whose bundles are typed second is dispatched through Python on
+every kernel call (about 1 ms a call), and the two would share numba's and torch's thread pools.
 
     python -m benchmarks.bench_ab 6bdae67                     # SmolLM2 8 × 256, last and all queries
     python -m benchmarks.bench_ab 6bdae67 --model gemma-3-270m --windows 4 --rounds 5
@@ -120,16 +120,20 @@ def _serve(conn, package_root: str, package_name: str, model_name: str, protocol
     if tokens is None:
         tokens = _tokens_of(model, *protocol)
         conn.send(tokens)
-    layer_pass: dict[str, Callable[[], float]] = {}
+    timers: dict[str, Callable[[], float]] = {}
+
+    def layer_pass(queries: str) -> float:
+        if queries not in timers:  # capture once
+            timers[queries] = layer_pass_seconds(package, model, tokens, queries)
+        return timers[queries]()
+
     requests = {
         "warm": lambda options: _timed(lambda: package.analyze(model, tokens[:1, :256], progress=False, **options)),
         "analyze": lambda options: _timed(lambda: package.analyze(model, tokens, progress=False, **options)),
         "plain": lambda _: _timed(lambda: _plain_batches(model, tokens)),
-        "layer pass": lambda queries: layer_pass[queries](),
+        "layer pass": layer_pass,
     }
     while (request := conn.recv()) is not None:
-        if request[0] == "layer pass" and request[1] not in layer_pass:  # capture once
-            layer_pass[request[1]] = layer_pass_seconds(package, model, tokens, request[1])
         conn.send(requests[request[0]](request[1]))
 
 

@@ -66,10 +66,10 @@ def test_importing_the_package_writes_no_environment_and_sizes_no_thread_pool():
 
 
 def test_warm_kernels_are_dispatched_without_python_typing(monkeypatch):
-    """Once compiled, a kernel call is matched by numba's fast dispatch. numba keys its per-process
-    type table by a bundle's shapes and dtypes, not its class, so two bundle classes of the same
-    shape would send the one typed second through ``_compile_for_args`` and Python's ``typeof`` on
-    every call (about 1 ms each; found when two copies of the package shared a process)."""
+    """Once compiled, a kernel call is matched by numba's fast dispatch. numba's per-process type
+    table does not tell apart two NamedTuple classes of one name and one shape, so such a pair would
+    send the one typed second through ``_compile_for_args`` and Python's ``typeof`` on every call
+    (about 1 ms each; found when two copies of the package shared a process)."""
     import numba.core.dispatcher as dispatcher
     import pytest
 
