@@ -80,7 +80,8 @@ def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False, window=None, theore
     position), Lemma 2 with the row's own statistics (exact ‖v_k‖², the range of ⟨v_k, v_l⟩ over the
     pairs of S and, for each unselected j, max_{k∈S} ⟨v_j, v_k⟩), and the compared form
     e_k = D_k² − ‖s‖² between E_i (with min_{k∈S∖i} ⟨v_i, v_k⟩) and F_j, where F_j counts only when
-    Theorem 3's L_j > 0 (as the code proves the measured D_j² positive); ``theorems`` picks them.
+    Theorem 3's L_j > 0 or F_j − min_i E_i > 0 (as the code proves the measured D_j² positive,
+    Lemma 6); ``theorems`` picks them.
     Returns (P̲, R̲) float64 tensors [batch, head, query, len(ns)] (NaN = undefined)."""
     pattern = pattern.double()
     v = v.double()
@@ -118,7 +119,9 @@ def oracle_row_bounds(pattern, v, ns, *, exclude_sink=False, window=None, theore
                             - (2 * alpha[i] * (mass - alpha[i]) * min(gram[i][k] for k in chosen if k != i) if n > 1
                                else 0.0) for i in chosen]
                     f_lo = [alpha[j] ** 2 * gram[j][j] - 2 * alpha[j] * mass * max(gram[j][k] for k in chosen)
-                            if low > 0 else -math.inf for j, low in zip(rest, lower, strict=True)]
+                            for j in rest]
+                    f_lo = [f if low > 0 or f - min(e_up) > 0 else -math.inf
+                            for f, low in zip(f_lo, lower, strict=True)]
                     bounds = {3: (upper, lower), 4: (e_up, f_lo)}
                     out_p[b, h, t, ni] = max(n / (n + sum(x <= max(bounds[k][0]) for x in bounds[k][1])) for k in theorems)
                     out_r[b, h, t, ni] = max(sum(u < min(bounds[k][1]) for u in bounds[k][0]) for k in theorems) / n

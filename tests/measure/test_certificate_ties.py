@@ -13,6 +13,7 @@ cells (docs/theory.md, Lemma 3).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -21,10 +22,16 @@ import torch
 from tl_geometry.capture.adapters import LayerAttention
 from tl_geometry.config import RunConfig
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.measure.certificates import sink_aware_bounds
+from tl_geometry.measure.certificates import (
+    certificate_table,
+    rounding_model_holds,
+    sink_aware_bounds,
+    unit_roundoff,
+)
 from tl_geometry.measure.layer_measures import measure_layer
 from tl_geometry.measure.metrics import separability
 from tl_geometry.measure.query_rows import squared_norm_limit
+from tl_geometry.measure.regime import value_statistics
 
 NEIGHBOURS = 3  # floats checked on each side of the switch
 
@@ -380,3 +387,155 @@ def test_theorem_4_certifies_what_theorem_3_cannot(route):
     _, r, _, r_low = ROUTES[route](pattern, v, n)
     assert _at_n(r, n) == _at_n(r_low, n) == 2 / 3
     assert float(oracle_row_bounds(pattern, v, (n,), theorems=(3,))[1][0, 0, -1, 0]) == 0
+
+
+# ----- where the rounding model breaks, the certificates fail closed (docs/theory.md, "Where the
+# rounding model breaks"); both backends measure one thing -----------------------------------------
+
+def sink_beside_equal_keys(d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The review's reproducer: the sink on axis 1, keys 1–3 equal on axis 0, head dimension ``d``;
+    the last query's top-2 set {1, 2} has P₂ = 2/3, R₂ = 0 in every precision."""
+    pattern = torch.tensor([[1, 0, 0, 0], [.5, .5, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [.1, .3, .3, .3]])
+    v = torch.zeros(4, d)
+    v[0, 1] = 1.0
+    v[1:, 0] = 1.0
+    return pattern[None, None], v[None, :, None]
+
+
+@contextmanager
+def matmul_precision(precision: str):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _certified_within(route, pattern, v, n):
+    p, r, p_low, r_low = route(pattern, v, n)
+    assert (_at_n(p, n), _at_n(r, n)) == (pytest.approx(2 / 3), 0.0)
+    assert _at_n(p_low, n) <= _at_n(p, n) and _at_n(r_low, n) <= _at_n(r, n), (p, r, p_low, r_low)
+    return _at_n(p_low, n), _at_n(r_low, n)
+
+
+@pytest.mark.parametrize("route", ROUTES.keys())
+@pytest.mark.parametrize("d", [254, 256, 512])
+def test_bfloat16_matmuls_beyond_the_rounding_model_certify_nothing(d, route):
+    # "medium" (u = 2⁻⁸): m·u ≥ 1, every γ infinite; the bound is the trivial one, not P̲ = 1
+    with matmul_precision("medium"):
+        assert _certified_within(ROUTES[route], *sink_beside_equal_keys(d), 2) == (2 / 4, 0.0)
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_the_rounding_model_threshold_bisected_on_every_route(precision):
+    # the largest head dimension whose slacks are finite and the next: valid on both sides, and the
+    # table's slacks switch from finite to +inf exactly there (the routes read nothing else)
+    u = {"high": 2.0**-11, "medium": 2.0**-8}[precision]
+    lo, hi = 1, 4096
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if rounding_model_holds(4, mid, u) else (lo, mid)
+    assert 2 * (4 + lo) + 16 < 1 / u <= 2 * (4 + hi) + 16
+    with matmul_precision(precision):
+        for d in (lo, hi):
+            pattern, v = sink_beside_equal_keys(d)
+            table = certificate_table(value_statistics(v.permute(0, 2, 1, 3), torch.ones(1, 4, dtype=torch.bool)),
+                                      v.permute(0, 2, 1, 3), unit_roundoff(torch.float32))
+            slacks = torch.stack([table[k] for k in ("slack_w", "slack_64", "gram_err", "slack_abs")])
+            assert bool(torch.isfinite(slacks).all()) == (d == lo)
+            for route in ROUTES.values():
+                certified = _certified_within(route, pattern, v, 2)
+                if d == hi:
+                    assert certified == (2 / 4, 0.0)
+
+
+def test_full_precision_certifies_the_reproducer_exactly():
+    # the same inputs at float32's own roundoff: the certificate proves what is measured
+    with matmul_precision("highest"):
+        for route in ROUTES.values():
+            assert _certified_within(route, *sink_beside_equal_keys(256), 2) == (pytest.approx(2 / 3), 0.0)
+
+
+def test_the_per_backend_precision_api_is_read():
+    # newer torch: a backend's fp32_precision makes get_float32_matmul_precision raise; read both
+    matmul = torch.backends.mkldnn.matmul
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip("this torch has no per-backend precision settings")
+    before = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "bf16"
+        assert unit_roundoff(torch.float32) == 2.0**-8
+        matmul.fp32_precision = "tf32"
+        assert unit_roundoff(torch.float32) == 2.0**-11
+        _certified_within(ROUTES["separability_numba"], *sink_beside_equal_keys(256), 2)
+    finally:
+        matmul.fp32_precision = before
+    with matmul_precision("highest"):
+        assert unit_roundoff(torch.float32) == 2.0**-24
+
+
+@pytest.mark.parametrize("case", ["-inf ties", "int64 above 2^24"])
+def test_every_route_ranks_score_tensors_alike(case):
+    # three keys of equal weight, one pair with one value: at N = 1 the measured (P, R) is (1/2, 0)
+    # when a member of the pair is ranked first, (1, 1) when the third key is
+    from tl_geometry.measure.selection import prepare_scores
+
+    if case == "-inf ties":  # float32 scores: both -inf clamp to float32's lowest and tie with it
+        dtype, scores, pair = torch.float32, torch.tensor([-torch.inf, -torch.inf, torch.finfo(torch.float32).min]), [0, 1]
+        expected, score_dtype = (0.5, 0.0), torch.float32
+    else:  # float64 inputs: integers above 2²⁴ keep their order (float32 would tie keys 0 and 1)
+        dtype, scores, pair = torch.float64, torch.tensor([2**24, 2**24 + 1, 0]), [0, 2]
+        expected, score_dtype = (1.0, 1.0), torch.float64
+    pattern = torch.tensor([[1, 0, 0], [.5, .5, 0], [1 / 3, 1 / 3, 1 / 3]], dtype=dtype)[None, None]
+    v = torch.tensor([[0.0, 1.0]] * 3, dtype=dtype)
+    v[pair] = torch.tensor([1.0, 0.0], dtype=dtype)
+    v = v[None, :, None]
+    ranking = scores.reshape(1, 1, 1, 3)
+    assert prepare_scores(ranking, dtype).dtype == score_dtype
+    bound = sink_aware_bounds(pattern, v, [1, 2], queries="last", ranking=ranking)
+    for backend in ("numba", "torch"):
+        sep = separability(pattern, v, [1, 2], queries="last", ranking=ranking, backend=backend)
+        assert (sep.precision[..., 0].item(), sep.recall[..., 0].item()) == expected, backend
+        assert (bound.precision <= sep.precision).all() and (bound.recall <= sep.recall).all()
+
+
+def test_nan_scores_are_refused_by_the_certificates_too():
+    pattern, v = sink_beside_equal_keys(4)
+    ranking = torch.zeros(1, 1, 1, 4)
+    ranking[..., 2] = torch.nan
+    for call in (sink_aware_bounds, separability):
+        with pytest.raises(TLGeometryError, match="ranking scores contain NaN"):
+            call(pattern, v, 2, queries="last", ranking=ranking)
+
+
+@pytest.mark.parametrize("route", ["separability_numba", "separability_torch", "layer_numba", "layer_torch"])
+def test_flush_to_zero_is_refused_where_certificates_are_computed(route):
+    # Lemma 3 assumes gradual underflow: duplicates of norm 1e-19 would read as orthogonal
+    pattern, v = sink_beside_equal_keys(4)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        with pytest.raises(TLGeometryError, match=r"flush-to-zero is on .*torch.set_flush_denormal\(False\)"):
+            ROUTES[route](pattern, v * 1e-19, 2)
+    finally:
+        torch.set_flush_denormal(False)
+    ROUTES[route](pattern, v * 1e-19, 2)  # gradual underflow again: measured and certified
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("route", ROUTES.keys())
+@pytest.mark.parametrize("copies", [1, 2])
+def test_equal_contributions_tie_at_n_1_on_every_route(copies, route, dtype):
+    # N = 1: k unselected sources with the selected one's weight and value are at distance 0 exactly
+    # (docs/metrics.md): P₁ = 1/(1 + k), R₁ = 0, whatever the rounding of D² − ‖s‖²
+    g = torch.Generator().manual_seed(copies)
+    k = copies + 1
+    for w in np.linspace(1 / (k + 1) + 0.01, 1 / k - 0.01, 25):
+        last = np.r_[1 - k * w, np.full(k, w)]
+        pattern = torch.tensor(_causal(last), dtype=dtype)[None, None]
+        v = torch.randn(k + 1, 8, generator=g, dtype=torch.float64)
+        v[2:] = v[1]
+        p, r, p_low, r_low = ROUTES[route](pattern, v.to(dtype)[None, :, None], 1)
+        assert (_at_n(p, 1), _at_n(r, 1)) == (pytest.approx(1 / (1 + copies)), 0.0), w
+        assert _at_n(p_low, 1) <= _at_n(p, 1) and _at_n(r_low, 1) == 0.0

@@ -7,6 +7,7 @@ numba, and it imports nothing of the package above it. Modules, one job each:
 - ``bundles``: the named inputs, settings and outputs the kernels take;
 - ``options``: the compile options the kernels share;
 - ``threads``: numba's pool, sized on first use, and each parallel kernel's team;
+- ``float_env``: whether a thread flushes subnormals to zero (the certificates assume it does not);
 - ``disk_cache``: numba's on-disk cache (an index another layout of the package wrote is cleared
   on import, so numba recompiles instead of failing to read it);
 - ``rows``: one row's checks, its selection by a ranking, its winner;
@@ -23,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import certificates as _certificates
+from . import float_env as _float_env
 from . import layer as _layer
 from . import metrics as _metrics
 from . import pairs as _pairs
@@ -45,6 +47,7 @@ from .bundles import (
 )
 from .disk_cache import clear_unreadable_indexes
 from .disk_cache import kernels_cached as _kernels_cached
+from .float_env import flushes_subnormals
 from .metrics import COS_EPS
 from .random_stream import GOLDEN, HEAD, MIX, QUERY
 from .threads import team
@@ -53,12 +56,12 @@ __all__ = [
     "Values", "Rule", "Metrics", "RowChecks", "SeparabilityRows", "Sink", "LayerRows", "LayerPlan", "Tallies", "Certificates", "LayerOutputs",
     "integer_like", "COS_EPS", "GOLDEN", "MIX", "HEAD", "QUERY",
     "separability_rows", "layer_rows", "random_top_orders", "pair_cosine_statistics",
-    "squared_norms", "sink_products", "norms_from_squares", "kernels_cached",
+    "squared_norms", "sink_products", "norms_from_squares", "kernels_cached", "flushes_subnormals",
 ]
 
 
 # Every module with cached kernels (tests/engine/test_disk_cache.py checks the list).
-KERNEL_MODULES = (_metrics, _certificates, _rows, _random, _pairs, _separability, _layer)
+KERNEL_MODULES = (_metrics, _certificates, _rows, _random, _pairs, _separability, _layer, _float_env)
 clear_unreadable_indexes(KERNEL_MODULES)
 
 

@@ -30,14 +30,28 @@ def _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_erro
 
 @njit(**NO_RC)
 def _certified_gap(gap, s_sq_lo, a, mass, slack_w, slack_64, slack_abs, selected_error):
-    """Theorem 4's ``F_j`` (``gap``) less the slack σ_j of Lemma 3, or ``-max`` unless Theorem 3's
-    ``L_j = F_j + s_sq_lo`` exceeds its slack τ_j (Lemma 6); with ``s_sq_lo = 0`` an ``L_j`` itself."""
+    """Theorem 4's ``F_j`` (``gap``) less the slack σ_j of Lemma 3, or ``-max`` unless ``F_j + s_sq_lo``
+    (``s_sq_lo`` a lower bound on ``‖s‖²``) exceeds its slack τ_j (Lemma 6); with ``s_sq_lo = 0`` an
+    ``L_j`` itself."""
     own_error = slack_w * (a * a + 2 * a * mass)
     spread = a + mass
     exact_error = slack_64 * spread * spread + slack_abs
     positive = gap + s_sq_lo - own_error - slack_w * mass * mass - exact_error > 0.0
     certified = gap - own_error - selected_error - exact_error
     return certified if positive else _LOWEST  # a select, not a branch: the loop over keys vectorises
+
+
+@njit(**NO_RC)
+def _model_holds(slack_w, slack_64, err, slack_abs):
+    """Whether the row's slacks are finite: where Lemma 3's rounding model breaks (``m·u ≥ 1``) the
+    table holds +inf and the certificate is the trivial bound (fail closed)."""
+    return math.isfinite(slack_w + slack_64 + err + slack_abs)
+
+
+@njit(**NO_RC)
+def _trivial(n, n_cand):
+    """The trivial bound: every unselected candidate counted outside, no selected source inside."""
+    return n / (n + (n_cand - n)), 0.0
 
 
 @njit(**NO_RC)
@@ -98,6 +112,8 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     diag_lo, diag_hi, pair_hi, pair_lo = g[0, b, kv, t], g[1, b, kv, t], g[2, b, kv, t], g[3, b, kv, t]
     sink_hi, sink_lo, sink_sq = g[4, b, kv, t], g[5, b, kv, t], g[6, b, kv, t]
     slack_w, slack_64, slack_abs = g[7, b, kv, t], g[8, b, kv, t], g[10, b, kv, t]
+    if not _model_holds(slack_w, slack_64, g[9, b, kv, t], slack_abs):
+        return _trivial(n, n_cand)
     w0, total, sum_sq, a_max = _selected_weights(weights, order, n)
     mass = total + w0
     u_max = -math.inf
@@ -119,20 +135,30 @@ def certify(cert, form, weights, w_max, at, s, order, n, n_cand):
     a = weights[0]
     lower_0 = a * a * sink_sq + s_sq_lo - 2 * a * (sink_hi * total) if s.excluded[0] == 0.0 else -math.inf
     if _out_of_reach(lower_0, s_sq_lo, diag_lo, inner, w_max, u_min):
-        return n / (n + (n_cand - n)), 0.0  # every unselected candidate counted, none inside: the pass below's result
+        return _trivial(n, n_cand)  # every unselected candidate counted, none inside: the pass below's result
     outside = 0  # +inf (excluded) drops selected and non-candidates from the count and minimum
     for k in range(1, t + 1):
         a = weights[k]
         value = _certified_lower(a * a * diag_lo + s_sq_lo - 2 * a * inner, a, mass, slack_w, slack_64, slack_abs,
                                  selected_error) + s.excluded[k]
         s.dist[k] = value
-        outside += 1 if value <= u_max else 0
+        outside += 0 if value > u_max else 1  # NaN-safe: counted unless certified beyond
     if s.excluded[0] == 0.0:  # the unselected sink: its own norm and Gram bounds
         s.dist[0] = _certified_lower(lower_0, weights[0], mass, slack_w, slack_64, slack_abs, selected_error)
     else:
         s.dist[0] = math.inf
-    outside += 1 if s.dist[0] <= u_max else 0
+    outside += 0 if s.dist[0] > u_max else 1
     return _bounds(s, s.u_val, s.dist_bits, t, n, outside)
+
+
+@njit(**NO_RC)
+def _upper_max(upper, n):
+    """``max upper[:n]``, NaN when any is NaN (a float ``max`` would pass over it)."""
+    largest = -math.inf
+    for rank in range(n):
+        x = upper[rank]
+        largest = x if not x <= largest else largest
+    return largest
 
 
 @njit(**NO_RC)
@@ -140,8 +166,8 @@ def _bounds(s, upper, lower_bits, t, n, outside):
     """P̲ and R̲ from the unselected sources counted (``outside``), the selected ``U_i`` (or ``E_i``)
     in ``upper[:n]`` and the certified ``L_j`` (or ``F_j``) whose int64 views are
     ``lower_bits[:t + 1]`` (+inf off the unselected)."""
-    inside = n  # no L_j ≤ max U_i: every selected source is certified inside
-    if outside > 0:
+    inside = n  # no L_j ≤ max U_i (and max U_i a number): every selected source is certified inside
+    if outside > 0 or not math.isfinite(_upper_max(upper, n)):
         l_min = bits_minimum(s, lower_bits, 0, t + 1)
         inside = 0
         for rank in range(n):
@@ -172,7 +198,7 @@ def _grow_pairs(gram, b, kv, order, lo, hi, pair_range, pair_min):
 
 
 @njit(**INLINE)
-def certify_rows(cert, values, rule, at, s, order, j):
+def certify_rows(cert, values, rule, at, s, order, j, n_cand):
     """Theorems 3 and 4's certificates of the top-N set ``order[:n]``, ``n = rule.ns[j]``, the
     larger of each: Lemma 2 with the row's own statistics (exact ``‖v_k‖²``, ``s.pair_range`` and
     ``s.reach``, read from the working-dtype Gram matrix and widened by ``gram_err``, Lemma 5), and
@@ -187,6 +213,8 @@ def certify_rows(cert, values, rule, at, s, order, j):
     slack_w, slack_64, err, slack_abs = g[7, b, kv, t], g[8, b, kv, t], g[9, b, kv, t], g[10, b, kv, t]
     n = rule.ns[j]
     _grow_pairs(values.gram, b, kv, order, rule.ns[j - 1] if j > 0 else 0, n, s.pair_range, s.pair_min)
+    if not _model_holds(slack_w, slack_64, err, slack_abs):
+        return _trivial(n, n_cand)
     total_size = mass = sum_sq = a_max = 0.0
     for rank in range(n):
         i = order[rank]
@@ -201,6 +229,7 @@ def certify_rows(cert, values, rule, at, s, order, j):
     clamped = not s_sq > 0.0
     s_sq_lo = max(s_sq, 0.0)
     u_max = e_max = -math.inf
+    e_min = math.inf
     for rank in range(n):
         i = order[rank]
         a = s.alpha[i]
@@ -208,17 +237,20 @@ def certify_rows(cert, values, rule, at, s, order, j):
         # E_i = −α_i²q_i − 2α_i(W − α_i)·min_{k∈S∖i} G_ik (one source: e_i = −‖s‖² exactly)
         s.e_val[rank] = -size - 2 * a * (mass - a) * (s.pair_min[rank] - err) if n > 1 else -size
         e_max = max(e_max, s.e_val[rank])
+        e_min = min(e_min, s.e_val[rank])
         if clamped:
             s.u_val[rank] = (total_size - size) + pair_hi * ((mass - a) * (mass - a) - (sum_sq - a * a))
             u_max = max(u_max, s.u_val[rank])
     selected_error = slack_w * (a_max * a_max + 2 * a_max * mass)
+    # D_j² > 0 from Theorem 3's L_j, or from ‖s‖² ≥ −e_i ≥ −E_i for every selected i (Lemma 6)
+    s_sq_positive = max(s_sq_lo, -e_min)
     outside = 0
     for k in range(t + 1):
         a = s.alpha[k]
         gap = a * a * values.squares[b, kv, k] - 2 * a * mass * (s.reach[k] + err)  # F_j ≤ e_j
-        value = _certified_gap(gap, s_sq_lo, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
+        value = _certified_gap(gap, s_sq_positive, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
         s.gaps[k] = value
-        outside += 1 if value <= e_max else 0
+        outside += 0 if value > e_max else 1
     p_gaps, r_gaps = _bounds(s, s.e_val, s.gaps_bits, t, n, outside)
     if not clamped:
         return p_gaps, r_gaps
@@ -228,6 +260,6 @@ def certify_rows(cert, values, rule, at, s, order, j):
         lower = a * a * values.squares[b, kv, k] - 2 * a * mass * (s.reach[k] + err) + s_sq_lo  # L_j ≤ D_j²
         value = _certified_lower(lower, a, mass, slack_w, slack_64, slack_abs, selected_error) + s.excluded[k]
         s.dist[k] = value
-        outside += 1 if value <= u_max else 0
+        outside += 0 if value > u_max else 1
     p_rows, r_rows = _bounds(s, s.u_val, s.dist_bits, t, n, outside)
     return max(p_rows, p_gaps), max(r_rows, r_gaps)

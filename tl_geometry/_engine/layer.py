@@ -125,7 +125,7 @@ def _top(rows, values, rule, plan, at, s, n_cand, nosink_in_top, w_max, out):
         if plan.want_bounds:  # the theorems bound the same measurement: the largest bound holds
             p_gram, r_gram = certify(rows.certificates, 0, s.alpha, w_max[0], at, s, s.top_idx, n, n_cand)
             p_unit, r_unit = certify(rows.certificates, 1, s.omega, w_max[1], at, s, s.top_idx, n, n_cand)
-            p_rows, r_rows = certify_rows(rows.certificates, values, rule, at, s, s.top_idx, j)
+            p_rows, r_rows = certify_rows(rows.certificates, values, rule, at, s, s.top_idx, j, n_cand)
             out.certificates.precision[b, h, q, j] = max(p_gram, p_unit, p_rows)
             out.certificates.recall[b, h, q, j] = max(r_gram, r_unit, r_rows)
 

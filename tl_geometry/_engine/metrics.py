@@ -275,6 +275,44 @@ def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bo
     return count
 
 
+@njit(**NO_RC)
+def _count_equal(x, n, value):
+    """#{k < n: x[k] == value}: an integer sum of comparisons, which LLVM vectorises."""
+    count = 0
+    for k in range(n):
+        count += 1 if x[k] == value else 0
+    return count
+
+
+@njit(**NO_RC)
+def _same_vector(vectors, b, kv, i, k):
+    """Whether ``vectors[b, kv, i]`` and ``vectors[b, kv, k]`` are equal, entry by entry."""
+    for e in range(vectors.shape[3]):
+        if vectors[b, kv, i, e] != vectors[b, kv, k, e]:
+            return False
+    return True
+
+
+@njit(**INLINE)
+def _tie_duplicates(values, at, s, i, agg_sq):
+    """Euclidean N = 1: an unselected candidate with the selected source's weight and value has its
+    contribution, so its distance to ``s_1`` is 0 exactly, as the selected one's: set to ``-‖s‖²``
+    (the selected one's) rather than left to rounding (docs/metrics.md). Returns how many moved
+    onto it. The weights are screened first (a vector loop); values are compared only where they tie."""
+    b, kv, t = at.b, at.kv, at.t
+    a = s.alpha[i]
+    if a == 0.0 or _count_equal(s.alpha, t + 1, a) < 2:  # zero contributions tie exactly already
+        return 0
+    moved = 0
+    square = values.squares[b, kv, i]
+    for k in range(t + 1):
+        if (s.excluded[k] == 0.0 and s.alpha[k] == a and values.squares[b, kv, k] == square and s.dist[k] != -agg_sq
+                and _same_vector(values.vectors, b, kv, i, k)):
+            s.dist[k] = -agg_sq
+            moved += 1
+    return moved
+
+
 @njit(**INLINE)
 def step(values, rule, at, s, order, j, full, reach):
     """Grow the selection to ``N = rule.ns[j]`` (from ``rule.ns[j - 1]``) and measure it, where it
@@ -295,6 +333,8 @@ def step(values, rule, at, s, order, j, full, reach):
         rho_max = max(rho_max, value)
     outside = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1, rho_max,
                          s.dist)
+    if rule.euclidean and n == 1:
+        outside += _tie_duplicates(values, at, s, order[0], agg_sq)
     if outside == 0 and not full:  # every unselected candidate beyond ρ_max: all selected inside
         rho_rest = rho_min = math.inf
         inside = n

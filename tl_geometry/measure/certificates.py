@@ -26,13 +26,15 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .. import _engine as engine
 from ..config import Queries, Ranking
+from ..errors import TLGeometryError
 from .query_rows import QueryRows, as_n_tuple, query_rows
 from .regime import ValueStatistics, sink_products, value_statistics
 from .selection import precision_from_outside, squared_value_norms, top_order
 
-__all__ = ["SinkAwareBounds", "sink_aware_bounds", "sink_aware_bounds_of", "unit_roundoff", "certificate_table", "unit_certificate_table",
-           "certificate_tables", "CERTIFICATE_KEYS"]
+__all__ = ["SinkAwareBounds", "sink_aware_bounds", "sink_aware_bounds_of", "unit_roundoff", "rounding_model_holds",
+           "check_gradual_underflow", "certificate_table", "unit_certificate_table", "certificate_tables", "CERTIFICATE_KEYS"]
 
 # The certificates' forms (docs/theory.md), each valid, the largest reported: Theorem 1 on the
 # weights α and the values v, Theorem 2 on ω = α‖v‖ and the directions v/‖v‖, Theorems 3 and 4 on
@@ -44,6 +46,8 @@ _THEOREMS: dict[str, Form] = {"theorem_1": "values", "theorem_2": "directions", 
 # Lemma 1, the two slack scales of Lemma 3 and the rounding of a working-dtype Gram entry (Lemma 5).
 CERTIFICATE_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq", "slack_w", "slack_64",
                     "gram_err", "slack_abs")
+# The rows a route must find finite before it certifies anything (fail closed otherwise).
+_SLACK_KEYS = ("slack_w", "slack_64", "gram_err", "slack_abs")
 
 
 @dataclass
@@ -56,26 +60,69 @@ class SinkAwareBounds:
     query_positions: Int[Tensor, "batch q"]
 
 
+# The unit roundoff of a float32 matrix product at each reduced precision torch offers.
+_REDUCED = {"medium": 2.0**-8, "bf16": 2.0**-8, "high": 2.0**-11, "tf32": 2.0**-11}
+
+
+def _matmul_precisions(device_type: str) -> list[str]:
+    """Every float32 matmul precision setting that can apply on ``device_type``: the legacy global
+    one (which newer torch refuses to read once a per-backend one is set) and the per-backend
+    ``fp32_precision`` chain of newer torch (``"none"`` inherits from the level above)."""
+    found = []
+    try:
+        found.append(torch.get_float32_matmul_precision())
+    except RuntimeError:  # legacy and per-backend settings mixed: the per-backend ones below decide
+        pass
+    backend = torch.backends.cuda if device_type == "cuda" else getattr(torch.backends, "mkldnn", None)
+    chain = [getattr(getattr(backend, "matmul", None), "fp32_precision", None),
+             getattr(backend, "fp32_precision", None), getattr(torch.backends, "fp32_precision", None)]
+    found.append(next((p for p in chain if isinstance(p, str) and p != "none"), "ieee"))
+    return found
+
+
 def unit_roundoff(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
     """The unit roundoff ``u`` of a ``dtype`` measurement: ``eps / 2``, or that of the reduced
     precision torch may use for float32 matrix products (``torch.set_float32_matmul_precision``
-    ``"high"``: TF32, ``2⁻¹¹``; ``"medium"``: bfloat16, ``2⁻⁸``; on CUDA also
-    ``torch.backends.cuda.matmul.allow_tf32``). The certificates' slacks scale with it, so a
-    reduced-precision run keeps valid (weaker) certificates (docs/theory.md, Lemma 3)."""
+    ``"high"`` or a backend's ``fp32_precision = "tf32"``: ``2⁻¹¹``; ``"medium"`` or ``"bf16"``:
+    ``2⁻⁸``; on CUDA also ``torch.backends.cuda.matmul.allow_tf32``). The certificates' slacks scale
+    with it, so a reduced-precision run keeps valid (weaker, or trivial) certificates
+    (docs/theory.md, Lemma 3)."""
     u = torch.finfo(dtype).eps / 2
     if dtype != torch.float32:
         return u
-    precision = torch.get_float32_matmul_precision()
-    if precision == "medium":
-        return max(u, 2.0**-8)
-    if precision == "high" or (torch.device(device).type == "cuda" and torch.backends.cuda.matmul.allow_tf32):
-        return max(u, 2.0**-11)
+    device_type = torch.device(device).type
+    for precision in _matmul_precisions(device_type):
+        u = max(u, _REDUCED.get(precision, u))
+    if device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        u = max(u, 2.0**-11)
     return u
 
 
 def _gamma(m: int, u: float) -> float:
     """``γ_m = m·u / (1 − m·u)`` (inf when ``m·u ≥ 1``: nothing can be certified)."""
     return m * u / (1 - m * u) if m * u < 1 else math.inf
+
+
+def rounding_model_holds(n_keys: int, d_head: int, roundoff: float) -> bool:
+    """Whether Lemma 3's rounding model bounds a measurement of ``n_keys`` keys, head dimension
+    ``d_head`` and unit roundoff ``roundoff``: every ``γ`` the slacks use is finite, i.e.
+    ``m·u < 1`` with ``m = 2(n + d) + 16`` (the largest count; ``d + 2``, ``d + 4`` and ``2d + 8``
+    are smaller). Where it fails, every slack of the table is +inf and the certificates are the
+    trivial bound (docs/theory.md, "Where the rounding model breaks")."""
+    return math.isfinite(_gamma(_slack_count(n_keys, d_head), roundoff))
+
+
+def _slack_count(n_keys: int, d_head: int) -> int:
+    """``m = 2(n + d) + 16``: the largest rounding count of Lemma 3."""
+    return 2 * (n_keys + d_head) + 16
+
+
+def _fail_closed(table: dict[str, Tensor], holds: bool) -> dict[str, Tensor]:
+    """``table`` as it is where the rounding model holds; else every slack +inf, which every
+    certificate route reads as "nothing certified" (the trivial bound)."""
+    if holds:
+        return table
+    return {k: torch.full_like(x, torch.inf) if k in _SLACK_KEYS else x for k, x in table.items()}
 
 
 def _mu_plus(stats: ValueStatistics, d_head: int, roundoff: float) -> Float[Tensor, "batch kv key"]:
@@ -136,20 +183,20 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values
     sink_sq = squares[..., :1].expand_as(squares)
     scale = torch.maximum(diag_hi, sink_sq)  # M: _largest_squares, from the range just taken
-    m = 2 * (n_keys + d_head) + 16
+    m = _slack_count(n_keys, d_head)
     eta = _underflow_unit(values.dtype, roundoff)
 
     def slack(gamma: float) -> Tensor:
         return torch.where(scale > 0, gamma * scale, 0.0)
 
-    return {
+    return _fail_closed({
         "diag_lo": diag_lo, "diag_hi": diag_hi, "pair_hi": pair_hi, "pair_lo": -pair_hi,
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
         "sink_sq": sink_sq, "slack_w": slack(_gamma(m, roundoff)), "slack_64": slack(16 * _gamma(m, 2.0**-53)),
         "gram_err": slack(_gamma(d_head + 2, roundoff)) + (d_head + 2) * eta,
         "slack_abs": _underflow_slack(scale, values.dtype, roundoff, m, d_head),
-    }
+    }, rounding_model_holds(n_keys, d_head, roundoff))
 
 
 def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
@@ -174,16 +221,16 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
     sink_lo = (torch.where(mask, cosines, torch.inf).cummin(-1).values - widen).clamp(min=-1.0)
     one = torch.where(mask.cumsum(-1) > 0, 1.0, 0.0).to(torch.float64).expand_as(squares)
     mu = _mu_plus(stats, d_head, roundoff)
-    m = 2 * (n_keys + d_head) + 16
+    m = _slack_count(n_keys, d_head)
     full = torch.ones_like(squares)
-    return {
+    return _fail_closed({
         "diag_lo": one, "diag_hi": one, "pair_hi": mu * one, "pair_lo": -mu * one,
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
         "sink_sq": full, "slack_w": _gamma(m, roundoff) * (1 + 4 * _gamma(m, 2.0**-53)) * full,
         "slack_64": 18 * _gamma(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
         "slack_abs": _underflow_slack(_largest_squares(squares, mask), values.dtype, roundoff, m, d_head),
-    }
+    }, rounding_model_holds(n_keys, d_head, roundoff))
 
 
 def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
@@ -191,10 +238,22 @@ def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
     return diag * sum_sq + pair * (total.square() - sum_sq) + sink_sq * sink_w.square() + 2 * sink_pair * sink_w * total
 
 
+def check_gradual_underflow(values: Tensor) -> None:
+    """Refuse to certify on the CPU where a thread flushes subnormal numbers to zero: Lemma 3's
+    underflow slack assumes gradual underflow (duplicates of norm 10⁻¹⁹ would read as orthogonal)."""
+    if values.device.type == "cpu" and engine.flushes_subnormals():
+        raise TLGeometryError(
+            "the certificates assume gradual underflow, but flush-to-zero is on (torch.set_flush_denormal(True), "
+            "or a library built with fast-math): call torch.set_flush_denormal(False) first, or measure without "
+            "certificates (sink=False).")
+
+
 def certificate_tables(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
                        squares: Float[Tensor, "batch kv key"] | None = None) -> dict[str, dict[str, Tensor]]:
     """Both certificates' tables, ``{"theorem_1": certificate_table, "theorem_2":
-    unit_certificate_table}``, from one pass for the float64 squared norms and sink products."""
+    unit_certificate_table}``, from one pass for the float64 squared norms and sink products.
+    Refused where a thread flushes subnormals to zero (:func:`check_gradual_underflow`)."""
+    check_gradual_underflow(values)
     squares = squared_value_norms(values) if squares is None else squares
     products = sink_products(values)
     return {"theorem_1": certificate_table(stats, values, roundoff, squares, products),
@@ -210,19 +269,23 @@ def _certified_counts(g: dict[str, Tensor], alpha: Tensor, mass: Tensor, a_max: 
     """The counts of a certificate from its ``U_i`` (``upper``) and ``L_j`` (``lower``): unselected
     sources not certified outside, selected sources certified inside, with Lemma 3's slacks (``mass``
     the selected weight, ``a_max`` the largest). Theorem 4 compares ``E_i`` and ``F_j`` in their
-    place and proves the measured ``D_j²`` positive with Theorem 3's ``L_j`` (``positive``)."""
+    place and proves the measured ``D_j²`` positive with ``positive`` (Lemma 6). Fails closed: a row
+    whose slacks are not finite certifies nothing, and a comparison with NaN counts ``j`` outside
+    and certifies no ``i`` inside."""
     # L_j less σ_j (the measurement's rounding of D_j² and of the selected D_i², and the
     # certificate's own); -inf (counted, nothing certified inside) unless L_j exceeds τ_j,
     # which proves the measured D_j² positive.
     positive = lower if positive is None else positive
+    holds = torch.isfinite(g["slack_w"] + g["slack_64"] + g["gram_err"] + g["slack_abs"])
     own_error = g["slack_w"] * (alpha.square() + 2 * alpha * mass)
     exact_error = g["slack_64"] * (alpha + mass).square() + g["slack_abs"]
-    certified = positive - own_error - g["slack_w"] * mass.square() - exact_error > 0
+    certified = holds & (positive - own_error - g["slack_w"] * mass.square() - exact_error > 0)
     selected_error = g["slack_w"] * (a_max.square() + 2 * a_max * mass)
     lower = torch.where(certified, lower - own_error - selected_error - exact_error, -torch.inf)
     u_max = torch.where(selected, upper, -torch.inf).amax(-1, keepdim=True)
     l_min = torch.where(unselected, lower, torch.inf).amin(-1, keepdim=True)
-    return (unselected & (lower <= u_max)).sum(-1), (selected & (upper < l_min)).sum(-1)
+    inside = selected & holds & torch.isfinite(upper) & (upper < l_min)
+    return (unselected & ~(lower > u_max)).sum(-1), inside.sum(-1)
 
 
 def _theorem_counts(g: dict[str, Tensor], alpha: Tensor, selected: Tensor, unselected: Tensor) -> tuple[Tensor, Tensor]:
@@ -284,8 +347,10 @@ def _row_statistics_counts(g: dict[str, Tensor], gram_rows: Tensor, order: Tenso
     lower = gaps + s_sq_lo
     a_max = weights.amax(-1, keepdim=True)
     rows = _certified_counts(g, alpha, mass, a_max, upper, lower, selected, unselected)
+    # D_j² > 0 from Theorem 3's L_j, or from ‖s‖² ≥ −e_i ≥ −E_i for every selected i (Lemma 6)
+    positive = gaps + torch.maximum(s_sq_lo, -gaps_upper.amin(-1, keepdim=True))
     compared = _certified_counts(g, alpha, mass, a_max, torch.zeros_like(alpha).scatter(-1, order, gaps_upper), gaps,
-                                 selected, unselected, positive=lower)
+                                 selected, unselected, positive=positive)
     # Theorem 4 can only lose to Theorem 3 where ‖s‖²'s bound is clamped at 0: only there the larger
     # of the two, as the compiled pass (which skips Theorem 3's counts elsewhere) reports
     clamped = ~(s_sq[..., 0] > 0)

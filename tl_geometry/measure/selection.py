@@ -20,7 +20,8 @@ from ..backend import on_engine
 from ..config import Ranking
 from ..errors import TLGeometryError
 
-__all__ = ["check_window", "first_visible", "visible_sources", "top_order", "squared_value_norms", "value_norms64", "selection_scores", "precision_from_outside", "COS_EPS"]
+__all__ = ["check_window", "first_visible", "visible_sources", "top_order", "squared_value_norms", "value_norms64",
+           "score_dtype", "prepare_scores", "selection_scores", "precision_from_outside", "COS_EPS"]
 
 # Added to cosine denominators: a zero vector has cosine 0 with everything (the engine's constant).
 COS_EPS = engine.COS_EPS
@@ -100,6 +101,29 @@ def value_norms64(values: Float[Tensor, "batch kv key d"],
     return squares.sqrt()
 
 
+def score_dtype(scores: torch.dtype, working: torch.dtype) -> torch.dtype:
+    """The dtype a caller's score tensor is ranked in, on every route: float32 where the scores
+    are floats float32 holds exactly (float32, float16, bfloat16) and the measurement runs in
+    float32, else float64 (integers above 2²⁴ or float64 scores keep their order there)."""
+    exact_in_float32 = scores in (torch.float32, torch.float16, torch.bfloat16)
+    return torch.float32 if exact_in_float32 and working == torch.float32 else torch.float64
+
+
+def prepare_scores(scores: Tensor, working: torch.dtype) -> Tensor:
+    """A caller's ranking scores as every route ranks them (the one conversion: the separability
+    job, its numba kernel, the layer pass and the certificates read its result): NaN refused, cast
+    to :func:`score_dtype`, ``-inf`` clamped to that dtype's lowest finite value (a candidate scored
+    ``-inf`` still comes before every non-candidate, and two of them tie).
+
+    >>> prepare_scores(torch.tensor([-torch.inf, -torch.inf, torch.finfo(torch.float32).min]), torch.float32).tolist()
+    [-3.4028234663852886e+38, -3.4028234663852886e+38, -3.4028234663852886e+38]
+    """
+    if scores.is_floating_point() and bool(torch.isnan(scores).any()):
+        raise TLGeometryError("ranking scores contain NaN: give every source a comparable score.")
+    dtype = score_dtype(scores.dtype, working)
+    return scores.to(dtype).clamp_min(torch.finfo(dtype).min)
+
+
 def selection_scores(
     alpha: Float[Tensor, "batch head q key"],
     candidates: Bool[Tensor, "... key"],
@@ -108,11 +132,12 @@ def selection_scores(
     group: int,
 ) -> Float[Tensor, "batch head q key"]:
     """Scores that decide every top-N set (the numba kernels apply the same rule): ``α``,
-    ``α·‖v‖`` in float64 with ``‖v‖`` from :func:`value_norms64`, or the caller's scores;
-    candidates' scores clamped to finite values and non-candidates at ``-inf``, so a candidate
-    scored ``-inf`` still comes before every non-candidate. Ties are broken by :func:`top_order`."""
+    ``α·‖v‖`` in float64 with ``‖v‖`` from :func:`value_norms64`, or the caller's scores
+    (:func:`prepare_scores`); candidates' scores clamped to finite values and non-candidates at
+    ``-inf``, so a candidate scored ``-inf`` still comes before every non-candidate. Ties are broken
+    by :func:`top_order`."""
     if isinstance(ranking, Tensor):
-        score = ranking.to(torch.promote_types(ranking.dtype, alpha.dtype))
+        score = prepare_scores(ranking, alpha.dtype)
     elif ranking == "contribution":
         score = alpha.double() * value_norm.repeat_interleave(group, 1)[:, :, None, :]
     elif ranking == "attention":

@@ -23,7 +23,7 @@ from .query_rows import (
     query_positions,
     working_dtype,
 )
-from .selection import check_window
+from .selection import check_window, prepare_scores
 
 __all__ = ["SeparabilityJob", "MetricFields", "prepare_separability", "GRAM_BYTES", "gram_blocks", "block_grams"]
 
@@ -52,7 +52,7 @@ class SeparabilityJob:
         v: ``[batch, key, kv_head, d_head]``, finite at real keys.
         ns: the distinct N values in increasing order (top-N sets are nested).
         ranking: a mode, or a score tensor of the chosen rows (``[batch, head, q, key]``), or of
-            every row when ``all_rows``.
+            every row when ``all_rows``, as ``selection.prepare_scores`` converts it.
         qpos: ``[batch, q]`` chosen query positions; ``all_rows``: they are every position.
         key_mask, query_mask: ``[batch, pos]`` booleans.
         dtype: the working dtype (float32 or wider).
@@ -105,10 +105,9 @@ def prepare_separability(pattern, v, ns: tuple[int, ...], *, distance, ranking, 
                 f"a ranking score tensor must be shaped like pattern {tuple(pattern.shape)} or like the chosen "
                 f"query rows {(batch, heads, n_sel, n_k)}; got {tuple(ranking.shape)}."
             )
-        if bool(torch.isnan(ranking).any()):
-            raise TLGeometryError("ranking scores contain NaN: give every source a comparable score.")
         if not all_rows and not ranking.shape[2] == n_sel != n_q:  # full rows: keep the chosen ones
             ranking = gather_rows(ranking, qpos)
+        ranking = prepare_scores(ranking, dtype)  # the one conversion every route ranks by
     elif ranking not in ("attention", "contribution"):
         raise TLGeometryError(f"ranking must be 'attention', 'contribution' or a score tensor; got {ranking!r}.")
     return SeparabilityJob(pattern, v, tuple(sorted(set(ns))), distance, ranking, qpos, all_rows, exclude_sink,

@@ -32,7 +32,7 @@ def separability_numba(job: SeparabilityJob, *, gram_cache: dict | None = None) 
     squares = engine.squared_norms(values.numpy())
     if isinstance(ranking, torch.Tensor):
         mode = 2
-        scores = ranking.detach().to(torch.float64 if ranking.dtype == torch.float64 else torch.float32).contiguous()
+        scores = ranking.detach().contiguous()  # the job's scores, converted once (selection.prepare_scores)
     else:
         mode, scores = (0 if ranking == "attention" else 1), rows
     # the contribution ranking's ‖v‖ (selection.value_norms64: one square root)

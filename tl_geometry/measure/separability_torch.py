@@ -120,8 +120,9 @@ def _chunk_metrics(alpha, order, cand, n_cand, values, value_sq, value_norm, ns,
         if distance == "euclidean":  # D² − ‖s‖² = ‖y‖² − 2α⟨v, s⟩, never below −‖s‖² (D² ≥ 0)
             dist = torch.addcmul(base, proj, alpha, value=-2)
             dist = torch.maximum(dist, -agg_sq, out=dist)
-            if n_value == 1:  # the selected point is the aggregate: D = 0 exactly
+            if n_value == 1:  # the selected point is the aggregate: D = 0 exactly, and its duplicates'
                 dist.scatter_(-1, top, (-agg_sq).expand(-1, -1, -1, 1))
+                _tie_duplicates(dist, alpha, values, top, cand, agg_sq, group)
         else:
             dist = 1 - proj * alpha / (y_norm * agg_sq.sqrt() + COS_EPS) + noncand
         sel_dist = dist.gather(-1, top)
@@ -151,3 +152,21 @@ def _chunk_metrics(alpha, order, cand, n_cand, values, value_sq, value_norm, ns,
         results["sink_selected"].append((top == 0).any(-1) & defined)
     return {name: torch.stack(value, -1) for name, value in results.items()}
 
+
+
+def _tie_duplicates(dist, alpha, values, top, cand, agg_sq, group) -> None:
+    """Euclidean N = 1: an unselected candidate with the selected source's weight and value has its
+    contribution, so its distance to ``s_1`` is 0 exactly: ``dist`` set to the selected one's
+    ``-‖s‖²`` rather than left to rounding (the engine's ``metrics._tie_duplicates``, the same rule).
+    Weights are screened first; values are compared only where they tie. Zero contributions tie
+    exactly already."""
+    a_top = alpha.gather(-1, top)
+    same = cand & (alpha == a_top) & (a_top != 0)
+    same.scatter_(-1, top, False)
+    if not bool(same.any()):
+        return
+    b, h, q, k = same.nonzero(as_tuple=True)
+    i = top[b, h, q, 0]
+    equal = (values[b, h // group, k] == values[b, h // group, i]).all(-1)
+    b, h, q, k = b[equal], h[equal], q[equal], k[equal]
+    dist[b, h, q, k] = -agg_sq[b, h, q, 0]
