@@ -231,3 +231,26 @@ def test_few_votes_are_warned_once_with_their_count():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # 2 windows × 50 votes: enough
         tlg.analyze(model, random_tokens(2, 51, seed=3), (1, 2), repeats=1, bootstrap=5, progress=False)
+
+
+@pytest.mark.slow
+def test_bfloat16_matmuls_on_gemma_3_certify_nothing_above_the_measurement():
+    # Gemma 3's d_head = 256: at "medium" (u = 2⁻⁸) Lemma 3's rounding model breaks (m·u ≥ 1), so
+    # every certificate is the trivial one, N/(t + 1) and 0, never above the measurement
+    model = tlg.load_model("gemma-3-270m")
+    tokens = torch.randint(10, 1000, (2, 48), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = model.tokenizer.bos_token_id
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        res = tlg.analyze(model, tokens, (1, 2, 8), queries="all", repeats=1, bootstrap=10, progress=False,
+                          head_types=False)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    seq = res.geometry.per_sequence
+    assert (seq["recall_bound"] == 0).all()
+    for j, n in enumerate((1, 2, 8)):
+        trivial = torch.tensor([n / (t + 1) for t in range(n, 48)]).mean()
+        torch.testing.assert_close(seq["precision_bound"][..., j], trivial.expand_as(seq["precision_bound"][..., j]),
+                                   rtol=0, atol=1e-6)
+        assert (seq["precision_bound"][..., j] <= seq["precision_top"][..., j] + 1e-6).all()

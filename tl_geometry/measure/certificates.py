@@ -208,7 +208,8 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
     :func:`certificate_table`); ``sink_hi``/``sink_lo`` the range of ``cos(v_0, v_j)`` from the float64
     products and norms, widened by ``γ_{2d+8}(2⁻⁵³)``. Slack scales with ``M = 1``: ``slack_w =
     γ_m(u)·(1 + 4γ_m(2⁻⁵³))``, ``slack_64 = 18·γ_m(2⁻⁵³)`` (Lemma 4); ``gram_err`` 0 (Theorem 3
-    reads Theorem 1's table). A zero vector has ``ω = 0`` and takes no part."""
+    reads Theorem 1's table). A zero vector has ``ω = 0`` and takes no part; from the first key whose
+    float64 ``‖v‖²`` is subnormal on, the slacks are +inf (ω̂'s error is then absolute: fail closed)."""
     n_keys, d_head = values.shape[2], values.shape[3]
     mask = stats.nonsink[:, None, :]
     squares = squared_value_norms(values) if squares is None else squares
@@ -222,12 +223,14 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
     one = torch.where(mask.cumsum(-1) > 0, 1.0, 0.0).to(torch.float64).expand_as(squares)
     mu = _mu_plus(stats, d_head, roundoff)
     m = _slack_count(n_keys, d_head)
-    full = torch.ones_like(squares)
+    # a subnormal float64 ‖v‖² has an absolute error, which ω̂'s relative one does not cover (Lemma 4)
+    subnormal = ((squares > 0) & (squares < torch.finfo(torch.float64).tiny)).cummax(-1).values
+    full = torch.ones_like(squares).masked_fill(subnormal, torch.inf)
     return _fail_closed({
         "diag_lo": one, "diag_hi": one, "pair_hi": mu * one, "pair_lo": -mu * one,
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
-        "sink_sq": full, "slack_w": _gamma(m, roundoff) * (1 + 4 * _gamma(m, 2.0**-53)) * full,
+        "sink_sq": torch.ones_like(squares), "slack_w": _gamma(m, roundoff) * (1 + 4 * _gamma(m, 2.0**-53)) * full,
         "slack_64": 18 * _gamma(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
         "slack_abs": _underflow_slack(_largest_squares(squares, mask), values.dtype, roundoff, m, d_head),
     }, rounding_model_holds(n_keys, d_head, roundoff))
