@@ -16,8 +16,8 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 
-__all__ = ["save_tensors", "load_tensors", "atomic_path", "atomic_folder", "token_digest", "sha256_file", "manifest_files", "check_sealed",
-           "MARKER", "MANIFEST"]
+__all__ = ["save_tensors", "load_tensors", "tensor_file_kind", "atomic_path", "atomic_folder", "token_digest", "sha256_file",
+           "is_plain_name", "manifest_files", "check_sealed", "MARKER", "MANIFEST"]
 
 # A run folder's marker (tl-geometry owns the folder) and its manifest (the finished analysis's
 # files with sizes and checksums, written last); run_folder.RunFolder writes both.
@@ -96,6 +96,19 @@ def load_tensors(path: str | Path, kind: str) -> tuple[dict[str, Tensor], dict[s
     return tensors, decoded
 
 
+def tensor_file_kind(path: str | Path) -> str | None:
+    """The ``kind`` a :func:`save_tensors` file records (its header only), or None for a missing
+    file, another file or another writer's safetensors: what a result *is*, not what it is called."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            kind = (fh.metadata() or {}).get("kind")
+    except (SafetensorError, OSError, ValueError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
 def sha256_file(path: str | Path) -> str:
     import hashlib
 
@@ -106,23 +119,40 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` is a file name that stays in its folder: no separator, not ``.`` or ``..``,
+    not absolute, no NUL (what a manifest or any file list read from disk may name)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\0" not in name and Path(name).name == name)
+
+
 def manifest_files(folder: str | Path) -> dict[str, dict[str, Any]]:
-    """``{name: {"bytes", "sha256"}}`` of a run folder's manifest ({} when absent or malformed)."""
+    """``{name: {"bytes", "sha256"}}`` of a run folder's manifest ({} when absent or malformed). A
+    manifest that names anything but a plain file name of the folder (``../x``, an absolute path) is
+    refused: the folder's files are never looked for, checked or removed outside it."""
     try:
         files = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     valid = isinstance(files, dict) and all(
         isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str) for e in files.values())
-    return files if valid else {}
+    if not valid:
+        return {}
+    outside = [name for name in files if not is_plain_name(name)]
+    if outside:
+        raise TLGeometryError(f"{str(Path(folder) / MANIFEST)!r} names {outside[0]!r}, which is not a file of that "
+                              "folder: the manifest was edited or comes from elsewhere, and nothing was changed; move "
+                              "the folder aside and rerun tl-geometry analyze into a new one")
+    return files
 
 
 def check_sealed(folder: str | Path) -> None:
-    """A folder that tl-geometry marked must hold a finished analysis whose files match its
-    manifest; one :class:`TLGeometryError` says what is wrong. Unmarked folders (written before
-    markers, or by ``Analysis.save``) are not checked."""
+    """A folder that tl-geometry marked, or that holds a manifest (a copy made without the hidden
+    marker), must hold a finished analysis whose files match the manifest; one
+    :class:`TLGeometryError` says what is wrong. Folders with neither (written before markers) are
+    not checked."""
     folder = Path(folder)
-    if not (folder / MARKER).is_file():
+    if not (folder / MARKER).is_file() and not (folder / MANIFEST).is_file():  # a copy without the marker: checked
         if not ((folder / "geometry.safetensors").is_file() or (folder / "taxonomy.safetensors").is_file()):
             raise TLGeometryError(f"{str(folder)!r} is not a finished run folder (no geometry/taxonomy results): "
                                   "run tl-geometry analyze first")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -12,11 +13,28 @@ from tl_geometry.errors import TLGeometryError
 from ..run.test_run_folder import snapshot
 
 
-def _finished(folder):
-    """A folder that looks like a finished analysis (what the checks before the model look at)."""
+def _garbage(folder):
+    """A user's folder with files named like a finished analysis's, which are not tl-geometry's."""
     folder.mkdir()
     for name in ("geometry.safetensors", "taxonomy.safetensors", "heads.csv", "pruning.csv"):
         (folder / name).write_text(f"old {name}")
+
+
+def _finished(folder):
+    """A finished analysis as versions before markers wrote it (what the checks before the model
+    look at), with a table beside it."""
+    import tl_geometry as tlg
+
+    from ..tiny import random_tokens, tiny_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a tiny run's labels rest on few votes: said elsewhere
+        analysis = tlg.analyze(tiny_model(4, 2), random_tokens(2, 12, seed=1), (1, 2), repeats=1, bootstrap=10,
+                               progress=False)
+    folder.mkdir()
+    analysis.geometry.save(folder / "geometry.safetensors")
+    analysis.taxonomy.save(folder / "taxonomy.safetensors")
+    (folder / "pruning.csv").write_text("old pruning.csv")
 
 
 def _interrupted(folder):
@@ -68,8 +86,10 @@ CASES = {
     "non-UTF-8 text": (["analyze", "--out", "{dir}/run", "--corpus", "{dir}/c.txt"],
                        _corpus("c.txt", "caf\u00e9".encode("latin-1")), "c.txt' is not UTF-8"),
     "report of an empty folder": (["report", "{dir}"], lambda folder: folder.mkdir(), "not a finished run folder"),
-    "report of a garbage result": (["report", "{dir}"], _finished, "cannot read"),
-    "prune of a garbage result": (["prune", "{dir}"], _finished, "cannot read"),
+    "report of a garbage result": (["report", "{dir}"], _garbage, "cannot read"),
+    "prune of a garbage result": (["prune", "{dir}"], _garbage, "cannot read"),
+    "a user's files named like results": (["analyze", "--out", "{dir}", "--overwrite"], _garbage,
+                                          "was not written by tl-geometry"),
     "prune with --windows 0": (["prune", "{dir}", "--windows", "0"], _finished, "--windows must be ≥ 1"),
     "a foreign folder": (["analyze", "--out", "{dir}"], _foreign, "not empty and was not written by tl-geometry"),
     "a foreign folder, --overwrite": (["analyze", "--out", "{dir}", "--overwrite"], _foreign,

@@ -332,3 +332,97 @@ def test_the_cli_imports_and_locks_without_fcntl(tmp_path, two_analyses):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "is being written by tl-geometry pid" in done.stderr and "--out" not in done.stderr
+
+
+# ----- nothing lost, round five: manifests inside their folder, folders known by content, resumes
+# that never touch a finished analysis, copies without the marker still checked ---------------------
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/ABSOLUTE", "sub/inner.txt", ".."])
+def test_a_manifest_naming_files_outside_its_folder_deletes_nothing(name, tmp_path, two_analyses):
+    import json
+
+    first, second = two_analyses
+    first.save(tmp_path / "run")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's file")
+    (tmp_path / "run" / "sub").mkdir()
+    (tmp_path / "run" / "sub" / "inner.txt").write_text("the user's other file")
+    target = str(outside) if name == "/ABSOLUTE" else name
+    manifest = tmp_path / "run" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["files"][target] = {"bytes": 15, "sha256": "0" * 64}
+    manifest.write_text(json.dumps(data))
+    before = snapshot(tmp_path)
+    for attempt in (lambda: second.save(tmp_path / "run", overwrite=True), lambda: tlg.Analysis.load(tmp_path / "run")):
+        with pytest.raises(TLGeometryError, match="is not a file of that folder") as error:
+            attempt()
+        assert "overwrite" not in str(error.value)  # no advice that would act on the folder
+    assert snapshot(tmp_path) == before and outside.read_text() == "the user's file"
+
+
+def test_a_users_files_named_like_results_are_not_a_run_folder(tmp_path, two_analyses):
+    first, _ = two_analyses
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name in ("geometry.safetensors", "taxonomy.safetensors"):  # the user's own tensors, another kind
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.ones(2)}, str(folder / name))
+    (folder / "report.html").write_text("<p>mine</p>")
+    (folder / "drilldown_mine.json").write_text("{}")
+    before = snapshot(folder)
+    run = RunFolder(folder)
+    assert not run.is_legacy and not run.is_finished
+    with pytest.raises(TLGeometryError, match="was not written by tl-geometry"):
+        first.save(folder, overwrite=True)
+    with pytest.raises(TLGeometryError, match="does not hold a GeometryResult"):
+        tlg.Analysis.load(folder)
+    assert snapshot(folder) == before
+
+
+def test_resume_never_replaces_a_finished_analysis(tmp_path, two_analyses):
+    first, _ = two_analyses
+    run = RunFolder(tmp_path / "run")
+    run.create()
+    run.checkpoint.write_text("an interrupted run's state")
+    run.write_analysis(first, {"model": "tiny"}, {})
+    assert not run.checkpoint.exists()  # the checkpoint goes when the manifest is written
+    run.checkpoint.write_text("left by a run stopped while writing its report")
+    with pytest.raises(TLGeometryError, match="finished analysis: nothing to resume.*tl-geometry report"):
+        run.check_new_analysis(overwrite=False, resume=True)
+
+
+def test_the_interrupt_advice_follows_the_folder(tmp_path, two_analyses, capsys, monkeypatch):
+    import tl_geometry.cli.parser as cli
+    from tl_geometry.cli.parser import build_parser, main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    parser = build_parser()
+    parser._subparsers._group_actions[0].choices["analyze"].set_defaults(handler=interrupted)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert main(["analyze", "--out", str(tmp_path / "run")]) == 130
+    assert "with --resume to continue" in capsys.readouterr().err
+    two_analyses[0].save(tmp_path / "run")  # saved before the interrupt: only the report was left
+    assert main(["analyze", "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert f"write its report with tl-geometry report {tmp_path / 'run'}" in err and "--resume" not in err
+
+
+def test_a_copy_without_the_marker_is_still_checked(tmp_path, two_analyses):
+    import shutil
+
+    first, _ = two_analyses
+    first.save(tmp_path / "run")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in (tmp_path / "run").iterdir():  # cp -r run/* copy/: the hidden marker stays behind
+        if not path.name.startswith("."):
+            shutil.copy(path, copy / path.name)
+    tlg.Analysis.load(copy)
+    data = bytearray((copy / "taxonomy.safetensors").read_bytes())
+    data[-1] ^= 1
+    (copy / "taxonomy.safetensors").write_bytes(bytes(data))
+    with pytest.raises(TLGeometryError, match="checksum differs"):
+        tlg.Analysis.load(copy)

@@ -22,7 +22,7 @@ from ..io import atomic_path
 from ..run.run_folder import RunFolder
 from .options import PROTOCOLS, apply_protocol, check_positive, parse_n, parse_repeats
 
-__all__ = ["analyze_command", "report_command", "compare_command", "write_run_report", "check_model_name"]
+__all__ = ["analyze_command", "analyze_interrupted", "report_command", "compare_command", "write_run_report", "check_model_name"]
 
 
 def _drilldowns(model, analysis, windows) -> dict[str, str]:
@@ -219,6 +219,19 @@ def analyze_command(args: argparse.Namespace) -> None:
         say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
             "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
         print(report.resolve())
+
+
+def analyze_interrupted(args: argparse.Namespace) -> str:
+    """What to do after Ctrl-C, by the folder's state: resume an unfinished analysis, or write the
+    report of one that was saved before the interrupt (``--resume`` never touches a finished one)."""
+    run = RunFolder(args.out or _default_out(args))
+    try:
+        finished = run.is_finished
+    except TLGeometryError:  # a manifest that names files outside the folder: say nothing about it here
+        finished = False
+    if finished:
+        return f"the analysis was saved in {run.path}: write its report with tl-geometry report {run.path}"
+    return "rerun the same command with --resume to continue"
 
 
 def report_command(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TLGeometryError
+from ..run.derived_tables import scan_frame, topn_frame
 from ..run.run_folder import RunFolder
 from .commands import check_model_name, write_run_report
 from .options import PROTOCOLS, check_positive, parse_fractions
@@ -119,9 +120,9 @@ def prune_command(args: argparse.Namespace) -> None:
         scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
         _resume_or_restart(scan_checkpoint(run.scan_checkpoint, model, scan_tokens), say)
         scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=progress)
-        run.write_scan(scan, job.run_id)
-        run.write_topn([topn_deletion(model, evaluation, renormalise=renormalise, progress=progress)
-                        for renormalise in (False, True)], job.run_id)
+        run.write_derived("single_head_scan.csv", scan_frame(scan), job.run_id)
+        run.write_derived("topn.csv", topn_frame([topn_deletion(model, evaluation, renormalise=renormalise, progress=progress)
+                                                  for renormalise in (False, True)]), job.run_id)
         run.scan_checkpoint.unlink(missing_ok=True)
 
 

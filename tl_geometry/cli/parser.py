@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from ..errors import TLGeometryError
-from .commands import analyze_command, compare_command, report_command
+from .commands import analyze_command, analyze_interrupted, compare_command, report_command
 from .derived_jobs import prune_command, stream_command
 from .options import PROTOCOLS, HelpFormatter, model_flags, threads_flag, torch_threads
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="replace a finished analysis in --out, with the pruning/scan results derived from it")
     analyze.add_argument("--quiet", action="store_true", help="print only the report path")
     threads_flag(analyze)
-    analyze.set_defaults(handler=analyze_command, interrupted="rerun the same command with --resume to continue")
+    analyze.set_defaults(handler=analyze_command, interrupted=analyze_interrupted)
     prune = _derived_parser(sub, "prune", "pruning curves, single-head scan and top-N deletion for a finished run",
                             windows=(16, "held-out windows (half rank gradient/entropy, half evaluate)"),
                             seq_len=(256, "tokens per held-out window"), handler=prune_command,
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tl-geometry: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"tl-geometry: interrupted; {args.interrupted}", file=sys.stderr)
+        advice = args.interrupted(args) if callable(args.interrupted) else args.interrupted
+        print(f"tl-geometry: interrupted; {advice}", file=sys.stderr)
         return 130
     return 0
 

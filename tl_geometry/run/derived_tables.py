@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import STREAMING_ORDERS
 from ..errors import TLGeometryError
+from ..heads import head_columns
 
 if TYPE_CHECKING:
     import pandas as pd
+    from torch import Tensor
 
-__all__ = ["DerivedTable", "DERIVED_TABLES", "read_table"]
+__all__ = ["DerivedTable", "DERIVED_TABLES", "read_table", "scan_frame", "topn_frame"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,19 @@ def read_table(path: Path) -> pd.DataFrame:
         row = int(repeated.to_numpy().argmax())
         raise TLGeometryError(f"{path}, line {row + 2}: a second row for the same {', '.join(table.key)}: {rerun}")
     return frame
+
+
+def scan_frame(scan: Tensor) -> pd.DataFrame:
+    """``single_head_scan.csv``'s rows from a ``[layer, head]`` ΔNLL tensor (one row per head)."""
+    import pandas as pd
+
+    return pd.DataFrame({**head_columns(*scan.shape), "delta_nll": scan.flatten().double().numpy()})
+
+
+def topn_frame(results: list[Any]) -> pd.DataFrame:
+    """``topn.csv``'s rows from :class:`~tl_geometry.intervene.pruning.TopNDeletion` results (one row
+    per N and renormalisation)."""
+    import pandas as pd
+
+    return pd.DataFrame([{"n": n, "delta_nll": float(d), "renormalise": result.renormalise}
+                         for result in results for n, d in zip(result.n, result.delta_nll, strict=True)])

@@ -43,11 +43,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
-
 from ..errors import TLGeometryError
-from ..heads import head_columns
-from ..io import MANIFEST, MARKER, atomic_path, check_sealed, manifest_files, sha256_file
+from ..io import (
+    MANIFEST,
+    MARKER,
+    atomic_path,
+    check_sealed,
+    is_plain_name,
+    manifest_files,
+    sha256_file,
+    tensor_file_kind,
+)
 from ..label.head_types import HEAD_TYPES_FILE
 from ..label.taxonomy import REGIMES
 from .derived_tables import DERIVED_TABLES, read_table
@@ -120,8 +126,11 @@ class RunFolder:
 
     @property
     def is_legacy(self) -> bool:
-        """A finished run folder written before markers and manifests (it still loads)."""
-        return not self.is_owned and self.geometry.is_file() and self.taxonomy.is_file()
+        """A finished run folder written before markers and manifests (it still loads): unmarked, and
+        its two result files are tl-geometry's by content (the kind their headers record), not only
+        by name, so a folder of someone else's files of those names is not taken for one."""
+        return (not self.is_owned and tensor_file_kind(self.geometry) == "GeometryResult"
+                and tensor_file_kind(self.taxonomy) == "HeadTaxonomy")
 
     @property
     def is_finished(self) -> bool:
@@ -141,6 +150,9 @@ class RunFolder:
         """Raise a :class:`TLGeometryError` unless the folder holds a finished analysis whose files
         match their manifest (sizes and SHA-256); legacy folders pass (``io.check_sealed``)."""
         if not (self.is_owned or self.is_legacy):
+            if self._has_results:  # files of those names, but not tl-geometry's results
+                raise TLGeometryError(f"cannot read {str(self.path)!r} as a run folder: its geometry/taxonomy files are "
+                                      "not tl-geometry results (damaged, or someone else's files of those names)")
             raise TLGeometryError(f"{str(self.path)!r} is not a finished run folder (no geometry/taxonomy results): "
                                   "run tl-geometry analyze first")
         check_sealed(self.path)
@@ -201,9 +213,9 @@ class RunFolder:
             again = f"pass {self._overwrite} to replace it" if self.api else \
                 "rerun the same command with --resume (or --overwrite to start again)"
             raise TLGeometryError(f"{str(self.path)!r} was interrupted while saving its results: {again}")
-        if resume and not self.checkpoint.is_file() and self.is_finished:
-            raise TLGeometryError(f"{self.path} holds a finished analysis and no checkpoint: nothing to resume "
-                                  "(pass --overwrite instead of --resume to replace it)")
+        if resume and self.is_finished:  # a checkpoint beside it is a leftover: resuming would replace the analysis
+            raise TLGeometryError(f"{self.path} holds a finished analysis: nothing to resume (pass --overwrite instead "
+                                  "of --resume to replace it, or tl-geometry report to write its report)")
         if self.is_finished and not overwrite and not resume:
             raise TLGeometryError(f"{self.path} already holds a finished analysis: pass {self._overwrite} to replace "
                                   f"it (and the pruning/scan results derived from it), or {self._elsewhere}")
@@ -284,11 +296,12 @@ class RunFolder:
             written.append(HEAD_TYPES_FILE)
         for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.report.name, self.scan_checkpoint.name,
                       self.stream_checkpoint.name, *_OLD_CHECKPOINTS]:
-            (self.path / stale).unlink(missing_ok=True)
+            self._remove(stale)
         for regime, figure in drilldowns.items():
             self._write_text(self.drilldown(regime), figure)
         files = {name: {"bytes": (self.path / name).stat().st_size, "sha256": sha256_file(self.path / name)}
                  for name in written}
+        self._remove(self.checkpoint.name)  # finished: nothing is left to resume, whatever stops the run next
         self._write_text(self.manifest, json.dumps({"run_id": run_id, "files": files}, indent=1))
         return run_id
 
@@ -340,22 +353,6 @@ class RunFolder:
             tables[name] = read_table(path)
         return tables, left_out
 
-    def write_scan(self, scan: Tensor, run_id: str | None) -> Path:
-        """``single_head_scan.csv`` from a ``[layer, head]`` ΔNLL tensor (one row per head)."""
-        import pandas as pd
-
-        frame = pd.DataFrame({**head_columns(*scan.shape), "delta_nll": scan.flatten().double().numpy()})
-        return self.write_derived("single_head_scan.csv", frame, run_id)
-
-    def write_topn(self, results: list[Any], run_id: str | None) -> Path:
-        """``topn.csv`` from :class:`~tl_geometry.intervene.interventions.TopNDeletion` results (one row per N
-        and renormalisation)."""
-        import pandas as pd
-
-        rows = [{"n": n, "delta_nll": float(d), "renormalise": result.renormalise}
-                for result in results for n, d in zip(result.n, result.delta_nll, strict=True)]
-        return self.write_derived("topn.csv", pd.DataFrame(rows), run_id)
-
     def read_drilldowns(self) -> list:
         import plotly.io
 
@@ -377,6 +374,12 @@ class RunFolder:
         except (OSError, ValueError):
             return None
         return manifest if isinstance(manifest, dict) else None
+
+    def _remove(self, name: str) -> None:
+        """Remove the folder's own file ``name`` (a plain name: nothing outside the folder, ever)."""
+        if not is_plain_name(name):
+            raise TLGeometryError(f"refusing to remove {name!r} from {str(self.path)!r}: not a file name of that folder")
+        (self.path / name).unlink(missing_ok=True)
 
     def _mark(self) -> None:
         self._write_text(self.marker, json.dumps({"tool": "tl-geometry", "layout": 1}))
