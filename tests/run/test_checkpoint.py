@@ -138,3 +138,20 @@ def test_a_full_disk_at_a_jobs_first_write_is_one_line_and_leaves_no_tmp(job, tm
     with pytest.raises(TLGeometryError, match="No space left on device"):
         JOBS[job](_runnable(job), random_tokens(2, 12, seed=1), tmp_path / "c.safetensors")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("change", ["another dtype", "weights edited in place"])
+@pytest.mark.parametrize("job", list(JOBS))
+def test_a_checkpoint_of_other_weights_is_never_resumed(job, change, tmp_path):
+    # the key holds the model's dtype and a fingerprint of its weights: a bfloat16 model does not
+    # resume a float32 one's evaluations, nor an edited model the original's
+    model, tokens = _runnable(job), random_tokens(2, 12, seed=1)
+    path = tmp_path / "c.safetensors"
+    JOBS[job](model, tokens, path)
+    if change == "another dtype":
+        model = model.to(torch.bfloat16)
+    else:
+        with torch.no_grad():
+            next(model.parameters())[0].add_(1.0)
+    with pytest.raises(TLGeometryError, match="written by a .* with other settings"):
+        JOBS[job](model, tokens, path)

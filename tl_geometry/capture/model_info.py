@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..errors import TLGeometryError
 
-__all__ = ["ModelInfo", "describe_model", "pad_token_id", "attention_weights", "check_tokens", "check_vocabulary", "check_context", "check_layers", "context_length", "name_of", "tl_version"]
+__all__ = ["ModelInfo", "describe_model", "weights_fingerprint", "checkpoint_key", "pad_token_id", "attention_weights", "check_tokens", "check_vocabulary", "check_context", "check_layers", "context_length", "name_of", "tl_version"]
 
 # Architectures whose value projection has a bias: folding it into b_O changes v_i.
 _VALUE_BIAS_ARCHITECTURES = {
@@ -58,6 +58,30 @@ class ModelInfo:
 def _weights_dtype(model: Any) -> str | None:
     weight = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return None if weight is None else str(weight.dtype).removeprefix("torch.")
+
+
+def weights_fingerprint(model: Any) -> str:
+    """A cheap digest of the model's weights as they are now: every parameter's name, shape, dtype,
+    and float64 sum and norm (one read of each; no copy of the model). What a resumable job keys
+    its checkpoint by, so a model loaded in another dtype, or edited in place, does not resume
+    another's results. Equal for equal weights in one process and across runs."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, weight in model.named_parameters() if hasattr(model, "named_parameters") else ():
+            total = float(weight.sum(dtype=torch.float64))
+            norm = float(torch.linalg.vector_norm(weight, dtype=torch.float64))
+            digest.update(f"{name}:{tuple(weight.shape)}:{weight.dtype}:{total!r}:{norm!r};".encode())
+    return digest.hexdigest()
+
+
+def checkpoint_key(model: Any) -> dict[str, Any]:
+    """What every resumable job's checkpoint key says of the model: its name, shape, dtype and
+    :func:`weights_fingerprint` (a bfloat16 model never resumes a float32 one's evaluations)."""
+    info = describe_model(model)
+    return {"model": info.model_name, "shape": [info.n_layers, info.n_heads, info.n_kv_heads], "dtype": info.dtype,
+            "weights": weights_fingerprint(model)}
 
 
 def name_of(model: Any) -> str:

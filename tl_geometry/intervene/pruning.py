@@ -18,7 +18,7 @@ from ..capture.hooks import (
     pattern_override_hooks,
     z_hook_name,
 )
-from ..capture.model_info import describe_model
+from ..capture.model_info import checkpoint_key, describe_model
 from ..config import AblationMode
 from ..errors import TLGeometryError
 from ..io import token_digest
@@ -75,9 +75,8 @@ def scan_checkpoint(path: str | Path, model: Any, tokens: Tensor, attention_mask
                     mode: AblationMode = "zero") -> KeyedCheckpoint:
     """The checkpoint of :func:`single_head_scan` at ``path`` for these model, windows and mode
     (checked on opening; ``.problem()`` says why a saved one cannot be resumed)."""
-    info = describe_model(model)
-    return KeyedCheckpoint(path, {"model": info.model_name, "shape": [info.n_layers, info.n_heads], "mode": mode,
-                                  "tokens": token_digest(tokens, attention_mask)}, "single-head scan")
+    return KeyedCheckpoint(path, {**checkpoint_key(model), "mode": mode, "tokens": token_digest(tokens, attention_mask)},
+                           "single-head scan")
 
 
 def single_head_scan(

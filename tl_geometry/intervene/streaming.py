@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..capture.model_info import ModelInfo, describe_model
+from ..capture.model_info import ModelInfo, checkpoint_key, describe_model
 from ..config import STREAMING_ORDERS, StreamingOrder
 from ..errors import TLGeometryError
 from ..io import token_digest
@@ -160,10 +160,8 @@ def stream_checkpoint(path: str | Path, model: Any, tokens: Tensor, attention_ma
                       window: int = 64, sink: int = 4) -> KeyedCheckpoint:
     """The checkpoint of :func:`streaming_curve` at ``path`` for these model, windows, window and
     sink (the evaluations do not depend on the orders, fractions or seeds asked for)."""
-    info = describe_model(model)
-    return KeyedCheckpoint(path, {"model": info.model_name, "shape": [info.n_layers, info.n_heads, info.n_kv_heads],
-                                  "window": window, "sink": sink, "tokens": token_digest(tokens, attention_mask)},
-                           "streaming curve")
+    return KeyedCheckpoint(path, {**checkpoint_key(model), "window": window, "sink": sink,
+                                  "tokens": token_digest(tokens, attention_mask)}, "streaming curve")
 
 
 class _Evaluations:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..capture.adapters import stream_layers, unexplained_window
 from ..capture.cache import read_layer
+from ..capture.model_info import checkpoint_key
 from ..config import Distance, Queries, Ranking, RunConfig
 from ..errors import TLGeometryError
 from ..io import token_digest
@@ -168,7 +169,8 @@ def analyze(
         layer_pass.read_cache(cache, windows.tokens if windows.tokens_given else None, windows.attention_mask,
                               progress)
     else:
-        resumed = None if checkpoint is None else Checkpoint(checkpoint, settings, layer_pass, batch_size, windows)
+        resumed = None if checkpoint is None else Checkpoint(checkpoint, {**settings, **checkpoint_key(model)}, layer_pass,
+                                                             batch_size, windows)
         _stream_windows(model, windows, batch_size, progress and world()[0] == 0, layer_pass.on_layer,
                         layer_pass.on_batch, None if resumed is None else resumed.save,
                         first=0 if resumed is None else resumed.done)
