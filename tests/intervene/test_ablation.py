@@ -248,3 +248,14 @@ def test_window_keeps_the_sink_and_the_recent_keys(tiny_model):
 def test_bad_windows_are_refused(tiny_model, window, sink, fault):
     with pytest.raises(tlg.TLGeometryError, match=fault):
         ablate_heads(tiny_model, [(0, 1)], mode="window", window=window, sink=sink)
+
+
+def test_mean_ablations_reference_windows_are_checked_against_the_context(tiny_model):
+    from tl_geometry.errors import TLGeometryError
+    from tl_geometry.intervene import ablate_heads
+
+    n_ctx = tiny_model.cfg.n_ctx
+    too_long = torch.zeros(1, n_ctx + 1, dtype=torch.long)
+    with pytest.raises(TLGeometryError, match="context"):
+        with ablate_heads(tiny_model, [(0, 0)], mode="mean", reference_tokens=too_long):
+            pass

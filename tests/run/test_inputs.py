@@ -144,3 +144,15 @@ def test_windows_without_bos_are_recorded_and_told(tmp_path):
                                          r"tokens\)"):
         unknown = tlg.analyze(cache, n=(1, 2), progress=False, bootstrap=10)
     assert unknown.geometry.windows_without_bos is None and "BOS unknown" in repr(unknown)
+
+
+def test_meta_tensors_are_refused_in_one_line():
+    import tl_geometry as tlg
+
+    from ..tiny import random_tokens, tiny_model
+
+    tokens = random_tokens(2, 6, seed=1)
+    with pytest.raises(TLGeometryError, match="the model's weights are on the meta device"):
+        tlg.analyze(tiny_model(4, 2).to("meta"), tokens, 1, repeats=1, progress=False)
+    with pytest.raises(TLGeometryError, match="the tokens are on the meta device"):
+        tlg.analyze(tiny_model(4, 2), tokens.to("meta"), 1, repeats=1, progress=False)

@@ -426,3 +426,23 @@ def test_a_copy_without_the_marker_is_still_checked(tmp_path, two_analyses):
     (copy / "taxonomy.safetensors").write_bytes(bytes(data))
     with pytest.raises(TLGeometryError, match="checksum differs"):
         tlg.Analysis.load(copy)
+
+
+@pytest.mark.parametrize("lock", ["a folder", "a link to nowhere"])
+def test_an_unusable_lock_file_is_one_line(lock, tmp_path, two_analyses):
+    run = RunFolder(tmp_path / "run")
+    run.create()
+    if lock == "a folder":
+        (run.path / ".tl-geometry.lock").mkdir()
+    else:
+        (run.path / ".tl-geometry.lock").symlink_to(tmp_path / "missing" / "lock")
+    with pytest.raises(TLGeometryError, match=r"cannot lock .*\.tl-geometry\.lock.*remove or repair it"):
+        two_analyses[0].save(run.path)
+
+
+def test_a_home_relative_folder_is_the_home_folders(tmp_path, two_analyses, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    two_analyses[0].save("~/saved")
+    assert (tmp_path / "home" / "saved" / "manifest.json").is_file() and not (tmp_path / "~").exists()
+    assert torch.equal(tlg.Analysis.load("~/saved").taxonomy.votes, two_analyses[0].taxonomy.votes)

@@ -92,7 +92,9 @@ def window_batches(tokens: Tensor, mask: Tensor | None, batch_size: int):
 @torch.no_grad()
 def reference_means(model, layers: Sequence[int], tokens: Tensor, mask: Tensor | None,
                      batch_size: int = 8) -> dict[int, Tensor]:
-    """Mean ``hook_z`` per layer over the non-pad positions of a reference batch, ``[head, d_head]``."""
+    """Mean ``hook_z`` per layer over the non-pad positions of a reference batch, ``[head, d_head]``
+    (its windows checked against the model's context first, as every model entry's are)."""
+    describe_model(model).check_length(int(tokens.shape[-1]))
     sums: dict[int, Tensor] = {}
     count = torch.zeros((), dtype=torch.float64)
     for batch_tokens, batch_mask in window_batches(tokens, mask, batch_size):

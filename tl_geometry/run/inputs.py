@@ -173,6 +173,15 @@ class Windows:
         return replace(self, tokens=self.tokens[rows], attention_mask=mask, window_ids=self.window_ids[rows])
 
 
+def _refuse_meta(model: Any, tokens_or_texts: Any) -> None:
+    """Tensors on the meta device hold shapes and no values: nothing can be measured on them."""
+    weight = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    if (weight is not None and weight.is_meta) or (isinstance(tokens_or_texts, Tensor) and tokens_or_texts.is_meta):
+        what = "the model's weights are" if weight is not None and weight.is_meta else "the tokens are"
+        raise TLGeometryError(f"{what} on the meta device (shapes without values): load real weights "
+                              "(e.g. model.to_empty(device='cpu') and load_state_dict) or pass real tokens.")
+
+
 def read_windows(model: Any, tokens_or_texts: Any, attention_mask: Tensor | None, window_ids: Tensor | None,
                  *, checkpoint: Any, batch_size: int, allow_hooks: bool) -> Windows:
     """The windows of a run of ``model`` (or of a cache) on ``tokens_or_texts``, checked and warned
@@ -183,6 +192,7 @@ def read_windows(model: Any, tokens_or_texts: Any, attention_mask: Tensor | None
     if cache is None and tokens_or_texts is None:
         raise TLGeometryError("pass the token ids [seq, pos] or texts to analyse (or an ActivationCache "
                               "instead of the model).")
+    _refuse_meta(model, tokens_or_texts)
     if cache is not None:
         cache = batched_cache(cache)
         info = describe_cache(cache)

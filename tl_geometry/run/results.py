@@ -190,7 +190,7 @@ class Analysis:
 
     @classmethod
     def load(cls, folder: str | Path) -> Analysis:
-        folder = Path(folder)
+        folder = Path(folder).expanduser()
         check_sealed(folder)  # a run folder: only a finished analysis whose files match its manifest
         geometry = GeometryResult.load(folder / "geometry.safetensors")
         taxonomy = HeadTaxonomy.load(folder / "taxonomy.safetensors")

@@ -89,7 +89,7 @@ class RunFolder:
     api: bool = False
 
     def __init__(self, path: str | Path, *, api: bool = False):
-        object.__setattr__(self, "path", Path(path))
+        object.__setattr__(self, "path", Path(path).expanduser())  # "~/x" is the home folder's, as pandas reads it
         object.__setattr__(self, "api", api)
 
     @property
@@ -192,6 +192,9 @@ class RunFolder:
             advice = f"wait for it to finish, or {self._elsewhere}" if elsewhere else "wait for it to finish"
             raise TLGeometryError(f"{str(self.path)!r} is being written by {holder or 'another process'}: "
                                   f"{advice}") from None
+        except OSError as exc:  # after Timeout (one too): a lock file that is a folder, immutable, a dead link
+            raise TLGeometryError(f"cannot lock {str(self.path / LOCK)!r} ({exc.strerror or exc}): remove or repair "
+                                  f"it, or {self._elsewhere}") from None
         try:
             self._write_text(self.path / WRITER, f"tl-geometry pid {os.getpid()} on {socket.gethostname()} since "
                                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
