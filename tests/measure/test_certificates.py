@@ -385,3 +385,45 @@ def test_float64_squares_and_sink_products_are_of_exact_products(entry):
     exact = float(values[0, 0, 0, 0].double()) ** 2
     assert engine.squared_norms(values.numpy())[0, 0, 1] == exact
     assert engine.sink_products(values.numpy())[0, 0, 1] == exact
+
+
+def test_a_rows_certificate_does_not_depend_on_its_padding_or_companions():
+    # the slack's m counts the row's own keys (t + 1), not the batch's padded length
+    from tl_geometry.capture.adapters import LayerAttention
+    from tl_geometry.config import RunConfig
+    from tl_geometry.measure.layer_measures import measure_layer
+
+    pattern, v = regime_inputs(3, 6, 4, 2, 1.5, 0.6, -0.4, 2.0, 1.0, 0.5)
+    pattern, v = pattern[:1].float(), v[:1].float()
+    padded_p = torch.zeros(2, 2, 40, 40)
+    padded_p[:, :, :6, :6] = pattern[0]
+    padded_p[1, :, 6:, :] = torch.eye(40)[6:]  # a longer companion
+    padded_p[0, :, 6:, 0] = 1.0  # pad rows, ignored
+    padded_v = torch.randn(2, 40, *v.shape[2:], generator=torch.Generator().manual_seed(0))
+    padded_v[0, :6] = v[0]
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[0, 6:] = False
+    from tl_geometry.measure.certificates import certificate_tables
+    from tl_geometry.measure.regime import value_statistics
+
+    def tables(values, key_mask):
+        values = values.permute(0, 2, 1, 3)
+        return certificate_tables(value_statistics(values, key_mask), values, unit_roundoff(values.dtype))
+
+    one, two = tables(v, torch.ones(1, 6, dtype=torch.bool)), tables(padded_v, mask)
+    for theorem in one:
+        for key, x in one[theorem].items():
+            assert torch.equal(x[0], two[theorem][key][0, :, :6]), (theorem, key)
+    alone = sink_aware_bounds(pattern, v, (1, 2, 3), queries="all")
+    together = sink_aware_bounds(padded_p, padded_v, (1, 2, 3), queries="all", key_mask=mask, query_mask=mask)
+    same = lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # noqa: E731
+    same(alone.precision[0], together.precision[0, :, :6])
+    same(alone.recall[0], together.recall[0, :, :6])
+    config = RunConfig(n=(1, 2, 3), queries="all")
+    for backend in ("numba", "torch"):
+        one = measure_layer(LayerAttention(0, pattern, v, torch.ones(1, 6, dtype=torch.bool), torch.ones(1, 6, dtype=torch.bool),
+                                           torch.ones(1, dtype=torch.bool)), config, None, backend=backend).per_query
+        two = measure_layer(LayerAttention(0, padded_p, padded_v, mask, mask.clone(), torch.ones(2, dtype=torch.bool)),
+                            config, None, backend=backend).per_query
+        for name in ("precision_bound", "recall_bound"):
+            same(one[name][0], two[name][0, :, :6])

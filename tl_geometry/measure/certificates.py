@@ -113,16 +113,26 @@ def rounding_model_holds(n_keys: int, d_head: int, roundoff: float) -> bool:
 
 
 def _slack_count(n_keys: int, d_head: int) -> int:
-    """``m = 2(n + d) + 16``: the largest rounding count of Lemma 3."""
+    """``m = 2(n + d) + 16``: the largest rounding count of Lemma 3 for a row of ``n`` keys."""
     return 2 * (n_keys + d_head) + 16
 
 
-def _fail_closed(table: dict[str, Tensor], holds: bool) -> dict[str, Tensor]:
-    """``table`` as it is where the rounding model holds; else every slack +inf, which every
-    certificate route reads as "nothing certified" (the trivial bound)."""
-    if holds:
-        return table
-    return {k: torch.full_like(x, torch.inf) if k in _SLACK_KEYS else x for k, x in table.items()}
+def _prefix_counts(n_keys: int, d_head: int, device: torch.device) -> Float[Tensor, " key"]:
+    """``m`` of each prefix ``0..t``: a row of query ``t`` has ``t + 1`` keys whatever the batch's
+    padded length, so its slacks do not depend on its padding or batch companions."""
+    return 2 * (torch.arange(1, n_keys + 1, dtype=torch.float64, device=device) + d_head) + 16
+
+
+def _gammas(m: Tensor, u: float) -> Tensor:
+    """:func:`_gamma` of every count of ``m`` (inf where ``m·u ≥ 1``)."""
+    mu = m * u
+    return torch.where(mu < 1, mu / (1 - mu), torch.inf)
+
+
+def _fail_closed(table: dict[str, Tensor], holds: Tensor) -> dict[str, Tensor]:
+    """``table`` where the rounding model holds (``holds`` per prefix); elsewhere every slack +inf,
+    which every certificate route reads as "nothing certified" (the trivial bound)."""
+    return {k: torch.where(holds, x, torch.inf) if k in _SLACK_KEYS else x for k, x in table.items()}
 
 
 def _mu_plus(stats: ValueStatistics, d_head: int, roundoff: float) -> Float[Tensor, "batch kv key"]:
@@ -143,7 +153,7 @@ def _underflow_unit(dtype: torch.dtype, roundoff: float) -> float:
     return torch.finfo(dtype).tiny * (2 * roundoff)
 
 
-def _underflow_slack(scale: Tensor, dtype: torch.dtype, roundoff: float, m: int, d_head: int) -> Tensor:
+def _underflow_slack(scale: Tensor, dtype: torch.dtype, roundoff: float, m: Tensor, d_head: int) -> Tensor:
     """The absolute slack of gradual underflow (docs/theory.md, Lemma 3 step 4), per prefix of
     largest ``‖v‖² = M``: with ``η = 2u·tiny`` of the working ``dtype`` (the subnormal spacing, twice
     the largest underflow error: ``u·tiny`` itself is no float64), ``4m·η·(M + d)`` for the
@@ -166,7 +176,7 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     ``sink_hi``/``sink_lo`` the range of ``⟨v_0, v_j⟩``; ``sink_sq = ‖v_0‖²``. Slack scales
     (Lemma 3), times ``M = max(diag_hi, sink_sq)``: ``slack_w = γ_m(u)·M`` for the measurement's
     rounding in the working precision ``roundoff`` and ``slack_64 = 16·γ_m(2⁻⁵³)·M`` for the
-    certificate's own float64 arithmetic, ``m = 2(n_keys + d_head) + 16``; ``gram_err =
+    certificate's own float64 arithmetic, ``m = 2(t + 1 + d_head) + 16`` for the prefix ``0..t``; ``gram_err =
     γ_{d+2}(u)·M`` bounds the rounding of an entry of the working-dtype Gram matrix (Theorem 3's
     per-row statistics, Lemma 5). A prefix without non-sink keys has zero ranges (no term uses
     them there)."""
@@ -183,20 +193,20 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values
     sink_sq = squares[..., :1].expand_as(squares)
     scale = torch.maximum(diag_hi, sink_sq)  # M: _largest_squares, from the range just taken
-    m = _slack_count(n_keys, d_head)
+    m = _prefix_counts(n_keys, d_head, squares.device)
     eta = _underflow_unit(values.dtype, roundoff)
 
-    def slack(gamma: float) -> Tensor:
+    def slack(gamma: float | Tensor) -> Tensor:
         return torch.where(scale > 0, gamma * scale, 0.0)
 
     return _fail_closed({
         "diag_lo": diag_lo, "diag_hi": diag_hi, "pair_hi": pair_hi, "pair_lo": -pair_hi,
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
-        "sink_sq": sink_sq, "slack_w": slack(_gamma(m, roundoff)), "slack_64": slack(16 * _gamma(m, 2.0**-53)),
+        "sink_sq": sink_sq, "slack_w": slack(_gammas(m, roundoff)), "slack_64": slack(16 * _gammas(m, 2.0**-53)),
         "gram_err": slack(_gamma(d_head + 2, roundoff)) + (d_head + 2) * eta,
         "slack_abs": _underflow_slack(scale, values.dtype, roundoff, m, d_head),
-    }, rounding_model_holds(n_keys, d_head, roundoff))
+    }, m * roundoff < 1)
 
 
 def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
@@ -222,7 +232,7 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
     sink_lo = (torch.where(mask, cosines, torch.inf).cummin(-1).values - widen).clamp(min=-1.0)
     one = torch.where(mask.cumsum(-1) > 0, 1.0, 0.0).to(torch.float64).expand_as(squares)
     mu = _mu_plus(stats, d_head, roundoff)
-    m = _slack_count(n_keys, d_head)
+    m = _prefix_counts(n_keys, d_head, squares.device)
     # a subnormal float64 ‖v‖² has an absolute error, which ω̂'s relative one does not cover (Lemma 4)
     subnormal = ((squares > 0) & (squares < torch.finfo(torch.float64).tiny)).cummax(-1).values
     full = torch.ones_like(squares).masked_fill(subnormal, torch.inf)
@@ -230,10 +240,10 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
         "diag_lo": one, "diag_hi": one, "pair_hi": mu * one, "pair_lo": -mu * one,
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
-        "sink_sq": torch.ones_like(squares), "slack_w": _gamma(m, roundoff) * (1 + 4 * _gamma(m, 2.0**-53)) * full,
-        "slack_64": 18 * _gamma(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
+        "sink_sq": torch.ones_like(squares), "slack_w": _gammas(m, roundoff) * (1 + 4 * _gammas(m, 2.0**-53)) * full,
+        "slack_64": 18 * _gammas(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
         "slack_abs": _underflow_slack(_largest_squares(squares, mask), values.dtype, roundoff, m, d_head),
-    }, rounding_model_holds(n_keys, d_head, roundoff))
+    }, m * roundoff < 1)
 
 
 def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
