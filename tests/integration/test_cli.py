@@ -91,6 +91,8 @@ CASES = {
     "a user's files named like results": (["analyze", "--out", "{dir}", "--overwrite"], _garbage,
                                           "was not written by tl-geometry"),
     "prune with --windows 0": (["prune", "{dir}", "--windows", "0"], _finished, "--windows must be ≥ 1"),
+    "prune's scan beyond its windows": (["prune", "{dir}", "--windows", "2", "--seq-len", "16", "--scan-seq-len", "64"],
+                                        _finished, "--scan-windows 4 × --scan-seq-len 64 asks for more"),
     "a foreign folder": (["analyze", "--out", "{dir}"], _foreign, "not empty and was not written by tl-geometry"),
     "a foreign folder, --overwrite": (["analyze", "--out", "{dir}", "--overwrite"], _foreign,
                                       "--overwrite never replaces files tl-geometry did not write"),

@@ -16,7 +16,11 @@ from .test_run_folder import snapshot
 
 GOOD = {
     "pruning.csv": pd.DataFrame({"method": ["random"], "retention": [0.5], "heads_removed": [6], "delta_nll": [0.1]}),
-    "single_head_scan.csv": pd.DataFrame({"layer": [0], "head": [1], "name": ["L0H1"], "delta_nll": [0.2]}),
+    "single_head_scan.csv": pd.DataFrame({"layer": [layer for layer in range(3) for _ in range(4)],
+                                          "head": [head for _ in range(3) for head in range(4)],
+                                          "name": [f"L{layer}H{head}" for layer in range(3) for head in range(4)],
+                                          "delta_nll": [0.2 + 0.01 * k for k in range(12)], "scan_windows": 2,
+                                          "scan_seq_len": 8}),
     "topn.csv": pd.DataFrame({"n": [1], "delta_nll": [0.3], "renormalise": [False]}),
     "streaming.csv": pd.DataFrame({"order": ["random"], "seed": [0], "fraction": [0.5], "kv_heads_streamed": [3],
                                    "delta_nll": [0.1], "window": [4], "sink": [1], "seq_len": [16], "n_kv_total": [6],
@@ -28,7 +32,7 @@ DAMAGED = {
     "streaming.csv header only": ("streaming.csv", lambda text: text.splitlines()[0] + "\n",
                                   "has no rows (only its header): rerun tl-geometry stream"),
     "streaming.csv short row": ("streaming.csv", lambda text: text + "random,1,0.5\n",
-                                "line 3: column 'delta_nll' must hold a number, not nothing: rerun tl-geometry stream"),
+                                "line 3: column 'delta_nll' must hold a finite number, not nothing: rerun tl-geometry stream"),
     "streaming.csv fraction 1.7": ("streaming.csv", lambda text: text.replace(",0.5,", ",1.7,"),
                                    "line 2: column 'fraction' must hold a share in (0, 1], not 1.7: rerun tl-geometry "
                                    "stream"),
@@ -51,7 +55,19 @@ DAMAGED = {
     "single_head_scan.csv head 1.5": ("single_head_scan.csv", lambda text: text.replace("\n0,1,", "\n0,1.5,"),
                                       "column 'head' must hold an integer ≥ 0, not 1.5"),
     "single_head_scan.csv head beyond the model": ("single_head_scan.csv", lambda text: text.replace("\n0,1,", "\n0,99,"),
-                                                   "does not fit this analysis's 3×4 heads: rerun tl-geometry prune"),
+                                                   "does not cover the analysis's 3×4 heads (L0H1): rerun tl-geometry prune"),
+    "single_head_scan.csv half the heads": ("single_head_scan.csv", lambda text: "\n".join(text.splitlines()[:7]) + "\n",
+                                            "does not cover the analysis's 3×4 heads (L1H2): rerun tl-geometry prune"),
+    "single_head_scan.csv two scans": ("single_head_scan.csv", lambda text: text.replace(",2,8\n", ",4,64\n", 1),
+                                       "column 'scan_windows' differs between rows"),
+    "streaming.csv rows of two runs": ("streaming.csv", lambda text: text + "random,0,0.25,2,0.05,8,1,16,6,2.0\n",
+                                       "column 'window' differs between rows"),
+    "pruning.csv a hole in a curve": ("pruning.csv", lambda text: text + "magnitude,0.5,6,0.2\nmagnitude,0.25,9,0.3\n",
+                                      "has no row for retention 0.25: the table is incomplete; rerun tl-geometry prune"),
+    "topn.csv inf": ("topn.csv", lambda text: text.replace("0.3", "inf"),
+                     "column 'delta_nll' must hold a finite number, not inf"),
+    "topn.csv 1e400": ("topn.csv", lambda text: text.replace("0.3", "1e400"),
+                       "column 'delta_nll' must hold a finite number, not inf"),
 }
 
 
@@ -81,7 +97,7 @@ def test_whole_tables_are_read_back(finished_run, capsys):
         _write(finished_run, name)
     extras, left_out = derived_results(finished_run, tlg.Analysis.load(finished_run.path))
     assert left_out == {} and set(extras) == {"pruning", "scan", "topn", "streaming"}
-    assert extras["scan"][0, 1].item() == pytest.approx(0.2) and extras["streaming"].fractions == (0.5,)
+    assert extras["scan"][0, 1].item() == pytest.approx(0.21) and extras["streaming"].fractions == (0.5,)
     assert main(["report", str(finished_run.path)]) == 0
 
 

@@ -446,3 +446,17 @@ def test_a_home_relative_folder_is_the_home_folders(tmp_path, two_analyses, monk
     two_analyses[0].save("~/saved")
     assert (tmp_path / "home" / "saved" / "manifest.json").is_file() and not (tmp_path / "~").exists()
     assert torch.equal(tlg.Analysis.load("~/saved").taxonomy.votes, two_analyses[0].taxonomy.votes)
+
+
+def test_an_interrupted_prune_credits_none_of_the_earlier_runs_tables(tmp_path, two_analyses):
+    first, _ = two_analyses
+    run = RunFolder(tmp_path / "run")
+    run.create()
+    run_id = run.write_analysis(first, {"model": "tiny"}, {})
+    run.write_derived("pruning.csv", PRUNING, run_id)
+    run.write_derived("topn.csv", pd.DataFrame({"n": [1], "delta_nll": [0.3], "renormalise": [False]}), run_id)
+    run.forget_derived(("pruning.csv", "single_head_scan.csv", "topn.csv"))  # a second prune starts...
+    run.write_derived("pruning.csv", PRUNING.assign(delta_nll=0.5), run_id)  # ...and stops after its first table
+    tables, left_out = run.read_derived(run_id)
+    assert list(tables) == ["pruning.csv"] and tables["pruning.csv"]["delta_nll"].tolist() == [0.5]
+    assert list(left_out) == ["topn.csv"]

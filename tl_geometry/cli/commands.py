@@ -62,7 +62,7 @@ def _report_parts(run: RunFolder, say=print) -> dict:
         say(f"left out of the report: {name} ({why})")
     settings = analysis.geometry.settings
     title = f"tl_geometry: {settings.get('model', '?')} on {settings.get('corpus', '?')}"
-    return dict(analysis=analysis, title=title, drilldowns=run.read_drilldowns(), **extras)
+    return dict(analysis=analysis, title=title, drilldowns=_read_drilldowns(run), **extras)
 
 
 def write_run_report(run: RunFolder, say=print, parts: dict | None = None) -> Path:
@@ -219,6 +219,19 @@ def analyze_command(args: argparse.Namespace) -> None:
         say(f"done in {time.perf_counter() - start:.0f}s; results in {run.path}/ "
             "(report.html, heads.csv, summary.csv, geometry.safetensors, taxonomy.safetensors)")
         print(report.resolve())
+
+
+def _read_drilldowns(run: RunFolder) -> list:
+    """The run's drill-down figures (``drilldown_<regime>.json``), each one line if unreadable."""
+    import plotly.io
+
+    figures = []
+    for path in sorted(run.path.glob("drilldown_*.json")):
+        try:
+            figures.append(plotly.io.read_json(path))
+        except (OSError, ValueError) as exc:
+            raise TLGeometryError(f"cannot read {path} ({exc}): rerun tl-geometry analyze") from None
+    return figures
 
 
 def analyze_interrupted(args: argparse.Namespace) -> str:

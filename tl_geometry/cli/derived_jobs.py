@@ -104,8 +104,14 @@ def prune_command(args: argparse.Namespace) -> None:
         check_positive(flag, getattr(args, flag[2:].replace("-", "_")))
     if args.seq_len < 2 or args.scan_seq_len < 2:
         raise TLGeometryError("--seq-len and --scan-seq-len must be ≥ 2 (BOS and at least one token)")
-    with derived_job(args, max(args.seq_len, args.scan_seq_len), seed_offset=1) as job:
+    evaluated = args.windows - args.windows // 2 if args.windows > 1 else 1  # the held-out half the scan reads
+    if args.scan_seq_len > args.seq_len or args.scan_windows > evaluated:
+        raise TLGeometryError(f"the single-head scan reads the {evaluated} evaluation window(s) of --seq-len "
+                              f"{args.seq_len} tokens; --scan-windows {args.scan_windows} × --scan-seq-len "
+                              f"{args.scan_seq_len} asks for more: lower them, or raise --windows / --seq-len")
+    with derived_job(args, args.seq_len, seed_offset=1) as job:
         run, model, say, progress = job.run, job.model, job.say, not args.quiet
+        run.forget_derived(("pruning.csv", "single_head_scan.csv", "topn.csv"))  # this run's, or none
         # Gradient and entropy rank heads on the first half of the held-out windows (magnitude,
         # random and taxonomy need no tokens); the curves are measured on the other half.
         importances = {m: head_importance(model, job.held[: max(1, args.windows // 2)], m,
@@ -120,7 +126,7 @@ def prune_command(args: argparse.Namespace) -> None:
         scan_tokens = evaluation[: args.scan_windows, : args.scan_seq_len]
         _resume_or_restart(scan_checkpoint(run.scan_checkpoint, model, scan_tokens), say)
         scan = single_head_scan(model, scan_tokens, checkpoint=run.scan_checkpoint, progress=progress)
-        run.write_derived("single_head_scan.csv", scan_frame(scan), job.run_id)
+        run.write_derived("single_head_scan.csv", scan_frame(scan, scan_tokens.shape), job.run_id)
         run.write_derived("topn.csv", topn_frame([topn_deletion(model, evaluation, renormalise=renormalise, progress=progress)
                                                   for renormalise in (False, True)]), job.run_id)
         run.scan_checkpoint.unlink(missing_ok=True)

@@ -278,7 +278,7 @@ def derived_results(run: RunFolder, analysis: Analysis) -> tuple[dict[str, Any],
     from ..intervene.pruning import TopNDeletion
     from ..intervene.streaming import StreamingCurve
 
-    tables, left_out = run.read_derived(analysis.geometry.settings.get("run_id"))
+    tables, left_out = run.read_derived(analysis.geometry.settings.get("run_id"), tuple(analysis.taxonomy.shape))
     extras: dict[str, Any] = {}
     if "pruning.csv" in tables:
         extras["pruning"] = tables["pruning.csv"]

@@ -40,7 +40,7 @@ def _integer_at_least(low: int) -> Column:
 
 
 TEXT = Column(lambda v: isinstance(v, str) and bool(v), "text")
-REAL = Column(_number, "a number")
+REAL = Column(lambda v: _number(v) and math.isfinite(v), "a finite number")
 POSITIVE = Column(lambda v: _number(v) and 0 < v < math.inf, "a positive number")
 SHARE = Column(lambda v: _number(v) and 0 < v <= 1, "a share in (0, 1]")
 RETENTION = Column(lambda v: _number(v) and 0 <= v <= 1, "a share in [0, 1]")
@@ -53,31 +53,40 @@ def _one_of(names: tuple[str, ...], what: str) -> Column:
 
 @dataclass(frozen=True)
 class DerivedTable:
-    """A derived table: the command that writes it, its required columns (others may follow) and
-    the columns that name a row (no two rows alike)."""
+    """A derived table: the command that writes it, its required columns (others may follow), the
+    columns that name a row (no two rows alike), and what makes it whole: every group of ``group``
+    columns holds the same ``within`` values (no hole in a curve), ``constant`` columns hold one
+    value on every row (one run's), and ``heads``: a row for every head of the analysis."""
 
     command: str
     columns: dict[str, Column]
     key: tuple[str, ...]
+    group: tuple[str, ...] = ()
+    within: str = ""
+    constant: tuple[str, ...] = ()
+    heads: bool = False
 
 
 DERIVED_TABLES: dict[str, DerivedTable] = {
     "pruning.csv": DerivedTable("tl-geometry prune", {"method": TEXT, "retention": RETENTION, "delta_nll": REAL},
-                                ("method", "retention")),
+                                ("method", "retention"), ("method",), "retention"),
     "single_head_scan.csv": DerivedTable("tl-geometry prune", {"layer": _integer_at_least(0), "head": _integer_at_least(0),
-                                                               "name": TEXT, "delta_nll": REAL}, ("layer", "head")),
+                                                               "name": TEXT, "delta_nll": REAL}, ("layer", "head"),
+                                         constant=("scan_windows", "scan_seq_len"), heads=True),
     "topn.csv": DerivedTable("tl-geometry prune", {"n": _integer_at_least(1), "delta_nll": REAL, "renormalise": FLAG},
-                             ("n", "renormalise")),
+                             ("n", "renormalise"), ("renormalise",), "n"),
     "streaming.csv": DerivedTable("tl-geometry stream", {
         "order": _one_of(STREAMING_ORDERS, "a streaming order"),
         "seed": _integer_at_least(0), "fraction": SHARE, "delta_nll": REAL,
         "window": _integer_at_least(1), "sink": _integer_at_least(0), "seq_len": _integer_at_least(2),
-        "n_kv_total": _integer_at_least(1), "baseline_nll": POSITIVE}, ("order", "seed", "fraction")),
+        "n_kv_total": _integer_at_least(1), "baseline_nll": POSITIVE}, ("order", "seed", "fraction"),
+        ("order", "seed"), "fraction", ("window", "sink", "seq_len", "n_kv_total", "baseline_nll")),
 }
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """The derived table at ``path`` (named as in :data:`DERIVED_TABLES`), checked row by row: one
+def read_table(path: Path, heads: tuple[int, int] | None = None) -> pd.DataFrame:
+    """The derived table at ``path`` (named as in :data:`DERIVED_TABLES`), checked row by row and
+    whole (:class:`DerivedTable`; ``heads``: the analysis's ``(n_layers, n_heads)``): one
     :class:`TLGeometryError` names the file, the line and the command that rewrites it."""
     import pandas as pd
 
@@ -106,14 +115,40 @@ def read_table(path: Path) -> pd.DataFrame:
     if bool(repeated.any()):
         row = int(repeated.to_numpy().argmax())
         raise TLGeometryError(f"{path}, line {row + 2}: a second row for the same {', '.join(table.key)}: {rerun}")
+    _check_whole(path, frame, table, heads, rerun)
     return frame
 
 
-def scan_frame(scan: Tensor) -> pd.DataFrame:
-    """``single_head_scan.csv``'s rows from a ``[layer, head]`` ΔNLL tensor (one row per head)."""
+def _check_whole(path: Path, frame: pd.DataFrame, table: DerivedTable, heads: tuple[int, int] | None,
+                 rerun: str) -> None:
+    """One run's table, with no hole: see :class:`DerivedTable`."""
+    for name in table.constant:
+        if name in frame.columns and frame[name].nunique(dropna=False) > 1:
+            raise TLGeometryError(f"{path}: column {name!r} differs between rows ({', '.join(map(str, frame[name].unique()[:3]))}"
+                                  f"): rows of several runs; {rerun}")
+    if table.group:
+        expected = set(frame[table.within])
+        for group, rows in frame.groupby(list(table.group)):
+            missing = sorted(expected - set(rows[table.within]))
+            if missing:
+                raise TLGeometryError(f"{path}: {', '.join(table.group)} {group} has no row for {table.within} "
+                                      f"{missing[0]}: the table is incomplete; {rerun}")
+    if table.heads and heads is not None:
+        have = set(zip(frame["layer"].astype(int), frame["head"].astype(int), strict=True))
+        missing = [(layer, head) for layer in range(heads[0]) for head in range(heads[1]) if (layer, head) not in have]
+        if missing or len(have) != heads[0] * heads[1]:
+            shown = f"L{missing[0][0]}H{missing[0][1]}" if missing else "heads the analysis does not have"
+            raise TLGeometryError(f"{path} does not cover the analysis's {heads[0]}×{heads[1]} heads ({shown}): "
+                                  f"{rerun}")
+
+
+def scan_frame(scan: Tensor, shape: tuple[int, int]) -> pd.DataFrame:
+    """``single_head_scan.csv``'s rows from a ``[layer, head]`` ΔNLL tensor (one row per head), with the
+    scan's windows × tokens (``shape``) on every row: what the ΔNLL was measured on."""
     import pandas as pd
 
-    return pd.DataFrame({**head_columns(*scan.shape), "delta_nll": scan.flatten().double().numpy()})
+    return pd.DataFrame({**head_columns(*scan.shape), "delta_nll": scan.flatten().double().numpy(),
+                         "scan_windows": int(shape[0]), "scan_seq_len": int(shape[1])})
 
 
 def topn_frame(results: list[Any]) -> pd.DataFrame:

@@ -335,9 +335,18 @@ class RunFolder:
         self._write_text(self.derived_manifest, json.dumps(manifest, indent=1))
         return path
 
-    def read_derived(self, run_id: str | None) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    def forget_derived(self, names: tuple[str, ...]) -> None:
+        """Credit none of ``names`` to the analysis until each is written again: a job that rewrites
+        several tables starts so, and an interrupted one never leaves two runs' tables credited as one."""
+        manifest = self._manifest()
+        if manifest is not None and set(names) & set(manifest):
+            self._write_text(self.derived_manifest, json.dumps({k: v for k, v in manifest.items() if k not in names}, indent=1))
+
+    def read_derived(self, run_id: str | None, heads: tuple[int, int] | None = None
+                     ) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
         """The derived tables that belong to the analysis ``run_id`` (by name), each checked row by
-        row (:func:`~tl_geometry.run.derived_tables.read_table`), and those present but left out, with
+        row and whole (:func:`~tl_geometry.run.derived_tables.read_table`; ``heads`` the analysis's
+        ``(n_layers, n_heads)``), and those present but left out, with
         why (another analysis's, or ``derived.json`` unreadable)."""
         manifest = self._manifest()
         tables, left_out = {}, {}
@@ -353,19 +362,8 @@ class RunFolder:
             if manifest.get(name, run_id if run_id is None else "") != run_id:
                 left_out[name] = f"computed from an earlier analysis; rerun {table.command}"
                 continue
-            tables[name] = read_table(path)
+            tables[name] = read_table(path, heads)
         return tables, left_out
-
-    def read_drilldowns(self) -> list:
-        import plotly.io
-
-        figures = []
-        for path in sorted(self.path.glob("drilldown_*.json")):
-            try:
-                figures.append(plotly.io.read_json(path))
-            except (OSError, ValueError) as exc:
-                raise TLGeometryError(f"cannot read {path} ({exc}): rerun tl-geometry analyze") from None
-        return figures
 
     # ----- helpers ------------------------------------------------------------------------------
     def _manifest(self) -> dict[str, Any] | None:
