@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .errors import TLGeometryError
 
-__all__ = ["save_tensors", "load_tensors", "tensor_file_kind", "atomic_path", "atomic_folder", "token_digest", "sha256_file",
+__all__ = ["save_tensors", "load_tensors", "tensor_file_kind", "atomic_path", "atomic_folder", "staged", "Staging", "token_digest", "sha256_file",
            "is_plain_name", "manifest_files", "check_sealed", "MARKER", "MANIFEST"]
 
 # A run folder's marker (tl-geometry owns the folder) and its manifest (the finished analysis's
@@ -58,6 +58,40 @@ def atomic_folder(folder: str | Path) -> Iterator[Path]:
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Staging:
+    """New versions of a folder's files written under temporary names (``.name.staged``) and swapped
+    onto their names together by :meth:`commit`; see :func:`staged`."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.names = folder, []
+
+    def path(self, name: str) -> Path:
+        """Where to write the new ``name``."""
+        self.names.append(name)
+        return self.folder / f".{name}.staged"
+
+    def commit(self) -> None:
+        """Every staged file onto its name (renames in one folder: each atomic, all quick)."""
+        for name in self.names:
+            os.replace(self.folder / f".{name}.staged", self.folder / name)
+        self.names = []
+
+
+@contextmanager
+def staged(folder: str | Path) -> Iterator[Staging]:
+    """Stage new versions of a folder's files; until :meth:`Staging.commit` the folder's own files are
+    untouched, and an error (a full disk, Ctrl-C) removes what was staged: the old files stay whole."""
+    staging = Staging(Path(folder))
+    try:
+        yield staging
+    finally:
+        for name in staging.names:
+            try:
+                (staging.folder / f".{name}.staged").unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def save_tensors(path: str | Path, kind: str, tensors: dict[str, Tensor], **metadata: Any) -> None:

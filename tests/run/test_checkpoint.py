@@ -44,7 +44,7 @@ CASES = {
     "another job's": (lambda p: KeyedCheckpoint(p, KEY, "top-N deletion").save({}), "c",
                       "it holds the state of another job (top-N deletion)"),
     "other settings": (lambda p: KeyedCheckpoint(p, {**KEY, "tokens": "xyz"}, "analysis").save({}), "c",
-                       "it was written by a analysis with other settings"),
+                       "it was written by an analysis with other settings"),
 }
 
 
@@ -153,5 +153,5 @@ def test_a_checkpoint_of_other_weights_is_never_resumed(job, change, tmp_path):
     else:
         with torch.no_grad():
             next(model.parameters())[0].add_(1.0)
-    with pytest.raises(TLGeometryError, match="written by a .* with other settings"):
+    with pytest.raises(TLGeometryError, match="written by an? .* with other settings"):
         JOBS[job](model, tokens, path)

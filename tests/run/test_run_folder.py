@@ -142,17 +142,26 @@ def test_the_manifest_comes_last_and_readers_check_it(tmp_path, two_analyses, mo
     run.write_analysis(first, {}, {})
     assert run.is_finished and not run.is_interrupted
     run.verify()
-    # A crash between the two result files: no manifest, so not finished; readers say so.
+    # A crash while the new files are written (under temporary names): the old analysis stays whole.
+    from tl_geometry.io import Staging
     from tl_geometry.label.taxonomy import HeadTaxonomy
 
-    def crash(self, path):
+    def crash(*args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(HeadTaxonomy, "save", crash)
+    before = snapshot(run.path)
     with pytest.raises(KeyboardInterrupt):
         run.write_analysis(second, {}, {})
     monkeypatch.undo()
-    assert run.is_interrupted and not run.is_finished
+    assert snapshot(run.path) == before and run.is_finished
+    assert torch.equal(tlg.Analysis.load(run.path).taxonomy.votes, first.taxonomy.votes)
+    # A crash while they are swapped in: no manifest, so not finished; readers say so.
+    monkeypatch.setattr(Staging, "commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run.write_analysis(second, {}, {})
+    monkeypatch.undo()
+    assert run.is_interrupted and not run.is_finished and not list(run.path.glob(".*.staged"))
     for read in (run.verify, lambda: tlg.Analysis.load(run.path)):
         with pytest.raises(TLGeometryError, match="interrupted while saving.*--resume"):
             read()

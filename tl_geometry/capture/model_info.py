@@ -97,7 +97,7 @@ def check_context(model_name: str, n_ctx: int | None, n_tokens: int) -> None:
     if n_ctx is not None and n_tokens > n_ctx:
         raise TLGeometryError(
             f"{n_tokens} tokens per sequence exceed {model_name}'s context of {n_ctx}: cut the text "
-            f"into windows of at most {n_ctx} tokens (tlg.make_windows, or a smaller --seq-len)."
+            f"into windows of at most {n_ctx} tokens (tl_geometry.capture.corpus.make_windows, or a smaller --seq-len)."
         )
 
 

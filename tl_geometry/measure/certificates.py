@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -26,11 +25,20 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .. import _engine as engine
 from ..config import Queries, Ranking
-from ..errors import TLGeometryError
 from .query_rows import QueryRows, as_n_tuple, query_rows
 from .regime import ValueStatistics, sink_products, value_statistics
+from .rounding import (
+    check_gradual_underflow,
+    fail_closed,
+    gamma,
+    gammas,
+    prefix_counts,
+    rounding_model_holds,
+    underflow_slack,
+    underflow_unit,
+    unit_roundoff,
+)
 from .selection import precision_from_outside, squared_value_norms, top_order
 
 __all__ = ["SinkAwareBounds", "sink_aware_bounds", "sink_aware_bounds_of", "unit_roundoff", "rounding_model_holds",
@@ -46,8 +54,6 @@ _THEOREMS: dict[str, Form] = {"theorem_1": "values", "theorem_2": "directions", 
 # Lemma 1, the two slack scales of Lemma 3 and the rounding of a working-dtype Gram entry (Lemma 5).
 CERTIFICATE_KEYS = ("diag_lo", "diag_hi", "pair_hi", "pair_lo", "sink_hi", "sink_lo", "sink_sq", "slack_w", "slack_64",
                     "gram_err", "slack_abs")
-# The rows a route must find finite before it certifies anything (fail closed otherwise).
-_SLACK_KEYS = ("slack_w", "slack_64", "gram_err", "slack_abs")
 
 
 @dataclass
@@ -60,107 +66,16 @@ class SinkAwareBounds:
     query_positions: Int[Tensor, "batch q"]
 
 
-# The unit roundoff of a float32 matrix product at each reduced precision torch offers.
-_REDUCED = {"medium": 2.0**-8, "bf16": 2.0**-8, "high": 2.0**-11, "tf32": 2.0**-11}
-
-
-def _matmul_precisions(device_type: str) -> list[str]:
-    """Every float32 matmul precision setting that can apply on ``device_type``: the legacy global
-    one (which newer torch refuses to read once a per-backend one is set) and the per-backend
-    ``fp32_precision`` chain of newer torch (``"none"`` inherits from the level above)."""
-    found = []
-    try:
-        found.append(torch.get_float32_matmul_precision())
-    except RuntimeError:  # legacy and per-backend settings mixed: the per-backend ones below decide
-        pass
-    backend = torch.backends.cuda if device_type == "cuda" else getattr(torch.backends, "mkldnn", None)
-    chain = [getattr(getattr(backend, "matmul", None), "fp32_precision", None),
-             getattr(backend, "fp32_precision", None), getattr(torch.backends, "fp32_precision", None)]
-    found.append(next((p for p in chain if isinstance(p, str) and p != "none"), "ieee"))
-    return found
-
-
-def unit_roundoff(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
-    """The unit roundoff ``u`` of a ``dtype`` measurement: ``eps / 2``, or that of the reduced
-    precision torch may use for float32 matrix products (``torch.set_float32_matmul_precision``
-    ``"high"`` or a backend's ``fp32_precision = "tf32"``: ``2⁻¹¹``; ``"medium"`` or ``"bf16"``:
-    ``2⁻⁸``; on CUDA also ``torch.backends.cuda.matmul.allow_tf32``). The certificates' slacks scale
-    with it, so a reduced-precision run keeps valid (weaker, or trivial) certificates
-    (docs/theory.md, Lemma 3)."""
-    u = torch.finfo(dtype).eps / 2
-    if dtype != torch.float32:
-        return u
-    device_type = torch.device(device).type
-    for precision in _matmul_precisions(device_type):
-        u = max(u, _REDUCED.get(precision, u))
-    if device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
-        u = max(u, 2.0**-11)
-    return u
-
-
-def _gamma(m: int, u: float) -> float:
-    """``γ_m = m·u / (1 − m·u)`` (inf when ``m·u ≥ 1``: nothing can be certified)."""
-    return m * u / (1 - m * u) if m * u < 1 else math.inf
-
-
-def rounding_model_holds(n_keys: int, d_head: int, roundoff: float) -> bool:
-    """Whether Lemma 3's rounding model bounds a measurement of ``n_keys`` keys, head dimension
-    ``d_head`` and unit roundoff ``roundoff``: every ``γ`` the slacks use is finite, i.e.
-    ``m·u < 1`` with ``m = 2(n + d) + 16`` (the largest count; ``d + 2``, ``d + 4`` and ``2d + 8``
-    are smaller). Where it fails, every slack of the table is +inf and the certificates are the
-    trivial bound (docs/theory.md, "Where the rounding model breaks")."""
-    return math.isfinite(_gamma(_slack_count(n_keys, d_head), roundoff))
-
-
-def _slack_count(n_keys: int, d_head: int) -> int:
-    """``m = 2(n + d) + 16``: the largest rounding count of Lemma 3 for a row of ``n`` keys."""
-    return 2 * (n_keys + d_head) + 16
-
-
-def _prefix_counts(n_keys: int, d_head: int, device: torch.device) -> Float[Tensor, " key"]:
-    """``m`` of each prefix ``0..t``: a row of query ``t`` has ``t + 1`` keys whatever the batch's
-    padded length, so its slacks do not depend on its padding or batch companions."""
-    return 2 * (torch.arange(1, n_keys + 1, dtype=torch.float64, device=device) + d_head) + 16
-
-
-def _gammas(m: Tensor, u: float) -> Tensor:
-    """:func:`_gamma` of every count of ``m`` (inf where ``m·u ≥ 1``)."""
-    mu = m * u
-    return torch.where(mu < 1, mu / (1 - mu), torch.inf)
-
-
-def _fail_closed(table: dict[str, Tensor], holds: Tensor) -> dict[str, Tensor]:
-    """``table`` where the rounding model holds (``holds`` per prefix); elsewhere every slack +inf,
-    which every certificate route reads as "nothing certified" (the trivial bound)."""
-    return {k: torch.where(holds, x, torch.inf) if k in _SLACK_KEYS else x for k, x in table.items()}
-
-
 def _mu_plus(stats: ValueStatistics, d_head: int, roundoff: float) -> Float[Tensor, "batch kv key"]:
     """``μ⁺ = (μ + γ_{d+4})(1 + γ_{2d+8})`` per prefix: a bound on the true largest non-sink ``|cos|``
     from the computed one ``μ`` (working dtype; docs/theory.md, Lemma 3 step 2)."""
     mu_hat = stats.newest.double().cummax(-1).values
-    return ((mu_hat + _gamma(d_head + 4, roundoff)) * (1 + _gamma(2 * d_head + 8, roundoff))).clamp(max=1.0)
+    return ((mu_hat + gamma(d_head + 4, roundoff)) * (1 + gamma(2 * d_head + 8, roundoff))).clamp(max=1.0)
 
 
 def _largest_squares(squares: Tensor, mask: Tensor) -> Tensor:
     """``M`` per prefix: the largest float64 ``‖v‖²`` over its non-sink keys and the sink."""
     return torch.maximum(torch.where(mask, squares, 0.0).cummax(-1).values, squares[..., :1])
-
-
-def _underflow_unit(dtype: torch.dtype, roundoff: float) -> float:
-    """``η = 2u·tiny``: a bound on the absolute error of a working-``dtype`` operation whose result
-    is subnormal (the subnormal spacing of the format that rounds, reduced-precision included)."""
-    return torch.finfo(dtype).tiny * (2 * roundoff)
-
-
-def _underflow_slack(scale: Tensor, dtype: torch.dtype, roundoff: float, m: Tensor, d_head: int) -> Tensor:
-    """The absolute slack of gradual underflow (docs/theory.md, Lemma 3 step 4), per prefix of
-    largest ``‖v‖² = M``: with ``η = 2u·tiny`` of the working ``dtype`` (the subnormal spacing, twice
-    the largest underflow error: ``u·tiny`` itself is no float64), ``4m·η·(M + d)`` for the
-    measurement's and the certificate's arithmetic and ``20(√(d·η·M) + d·η)`` for the computed
-    cosines. Negligible beside every margin in the normal range; decisive where values are tiny."""
-    eta = _underflow_unit(dtype, roundoff)
-    return 4 * m * eta * (scale + d_head) + 20 * (math.sqrt(d_head * eta) * scale.sqrt() + d_head * eta)
 
 
 def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
@@ -193,19 +108,19 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
     sink_lo = torch.where(mask, products, torch.inf).cummin(-1).values
     sink_sq = squares[..., :1].expand_as(squares)
     scale = torch.maximum(diag_hi, sink_sq)  # M: _largest_squares, from the range just taken
-    m = _prefix_counts(n_keys, d_head, squares.device)
-    eta = _underflow_unit(values.dtype, roundoff)
+    m = prefix_counts(n_keys, d_head, squares.device)
+    eta = underflow_unit(values.dtype, roundoff)
 
     def slack(gamma: float | Tensor) -> Tensor:
         return torch.where(scale > 0, gamma * scale, 0.0)
 
-    return _fail_closed({
+    return fail_closed({
         "diag_lo": diag_lo, "diag_hi": diag_hi, "pair_hi": pair_hi, "pair_lo": -pair_hi,
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
-        "sink_sq": sink_sq, "slack_w": slack(_gammas(m, roundoff)), "slack_64": slack(16 * _gammas(m, 2.0**-53)),
-        "gram_err": slack(_gamma(d_head + 2, roundoff)) + (d_head + 2) * eta,
-        "slack_abs": _underflow_slack(scale, values.dtype, roundoff, m, d_head),
+        "sink_sq": sink_sq, "slack_w": slack(gammas(m, roundoff)), "slack_64": slack(16 * gammas(m, 2.0**-53)),
+        "gram_err": slack(gamma(d_head + 2, roundoff)) + (d_head + 2) * eta,
+        "slack_abs": underflow_slack(scale, values.dtype, roundoff, m, d_head),
     }, m * roundoff < 1)
 
 
@@ -227,38 +142,28 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
     products = sink_products(values) if products is None else products
     scale = norms * norms[..., :1]
     cosines = torch.where(scale > 0, products / torch.where(scale > 0, scale, 1.0), 0.0)
-    widen = _gamma(2 * d_head + 8, 2.0**-53)
+    widen = gamma(2 * d_head + 8, 2.0**-53)
     sink_hi = (torch.where(mask, cosines, -torch.inf).cummax(-1).values + widen).clamp(max=1.0)
     sink_lo = (torch.where(mask, cosines, torch.inf).cummin(-1).values - widen).clamp(min=-1.0)
     one = torch.where(mask.cumsum(-1) > 0, 1.0, 0.0).to(torch.float64).expand_as(squares)
     mu = _mu_plus(stats, d_head, roundoff)
-    m = _prefix_counts(n_keys, d_head, squares.device)
+    m = prefix_counts(n_keys, d_head, squares.device)
     # a subnormal float64 ‖v‖² has an absolute error, which ω̂'s relative one does not cover (Lemma 4)
     subnormal = ((squares > 0) & (squares < torch.finfo(torch.float64).tiny)).cummax(-1).values
     full = torch.ones_like(squares).masked_fill(subnormal, torch.inf)
-    return _fail_closed({
+    return fail_closed({
         "diag_lo": one, "diag_hi": one, "pair_hi": mu * one, "pair_lo": -mu * one,
         "sink_hi": torch.where(torch.isinf(sink_hi), 0.0, sink_hi),
         "sink_lo": torch.where(torch.isinf(sink_lo), 0.0, sink_lo),
-        "sink_sq": torch.ones_like(squares), "slack_w": _gammas(m, roundoff) * (1 + 4 * _gammas(m, 2.0**-53)) * full,
-        "slack_64": 18 * _gammas(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
-        "slack_abs": _underflow_slack(_largest_squares(squares, mask), values.dtype, roundoff, m, d_head),
+        "sink_sq": torch.ones_like(squares), "slack_w": gammas(m, roundoff) * (1 + 4 * gammas(m, 2.0**-53)) * full,
+        "slack_64": 18 * gammas(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
+        "slack_abs": underflow_slack(_largest_squares(squares, mask), values.dtype, roundoff, m, d_head),
     }, m * roundoff < 1)
 
 
 def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):
     """Bound on ‖Σ w_k v_k‖² for w ≥ 0 from its non-sink ℓ2² ``sum_sq``, ℓ1 ``total`` and sink weight."""
     return diag * sum_sq + pair * (total.square() - sum_sq) + sink_sq * sink_w.square() + 2 * sink_pair * sink_w * total
-
-
-def check_gradual_underflow(values: Tensor) -> None:
-    """Refuse to certify on the CPU where a thread flushes subnormal numbers to zero: Lemma 3's
-    underflow slack assumes gradual underflow (duplicates of norm 10⁻¹⁹ would read as orthogonal)."""
-    if values.device.type == "cpu" and engine.flushes_subnormals():
-        raise TLGeometryError(
-            "the certificates assume gradual underflow, but flush-to-zero is on (torch.set_flush_denormal(True), "
-            "or a library built with fast-math): call torch.set_flush_denormal(False) first, or measure without "
-            "certificates (sink=False).")
 
 
 def certificate_tables(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,

@@ -47,7 +47,7 @@ class KeyedCheckpoint:
         if meta.get("job", "analysis") != self.job:
             return {}, {}, f"it holds the state of another job ({meta.get('job', 'analysis')})"
         if meta.get("key") != self.key:
-            return {}, {}, f"it was written by a {self.job} with other settings"
+            return {}, {}, f"it was written by {'an' if self.job[0] in 'aeiou' else 'a'} {self.job} with other settings"
         state = meta.get("state", {})
         return tensors, state if isinstance(state, dict) else {}, None
 

@@ -52,6 +52,7 @@ from ..io import (
     is_plain_name,
     manifest_files,
     sha256_file,
+    staged,
     tensor_file_kind,
 )
 from ..label.head_types import HEAD_TYPES_FILE
@@ -271,39 +272,39 @@ class RunFolder:
     # ----- the analysis -------------------------------------------------------------------------
     def write_analysis(self, analysis: Any, settings: dict[str, Any], drilldowns: dict[str, str]) -> str:
         """Write a finished :class:`~tl_geometry.Analysis` with its tables and drill-down figures (JSON by regime) and
-        return its new run_id. The manifest goes first and comes back last, so a run stopped
-        while saving is never taken for a finished one. Files tl-geometry wrote for a previous
-        analysis here (its manifest's, the derived tables, its report) are removed; nothing else is."""
+        return its new run_id. The new files are written under temporary names first, so a failure
+        there (a full disk) leaves the old analysis whole and loadable; then the manifest goes, they
+        are swapped in and the manifest comes back last, so a run stopped while swapping is never
+        taken for a finished one. Files tl-geometry wrote for a previous analysis here (its
+        manifest's, the derived tables, its report) are removed; nothing else is."""
         legacy = self.is_legacy
         self.create()
-        if legacy:  # its new analysis makes the folder tl-geometry's
-            self._mark()
         run_id = uuid.uuid4().hex
         geometry, taxonomy = (replace(result, settings={**result.settings, "run_id": run_id})
                               for result in (analysis.geometry, analysis.taxonomy))
-        settings = {**settings, "run_id": run_id}
-        previous = set(self._manifest_files())
-        if legacy:
-            previous |= {self.drilldown(regime).name for regime in REGIMES}
+        previous = set(self._manifest_files()) | ({self.drilldown(r).name for r in REGIMES} if legacy else set())
         derived = set(self._manifest() or {}) | (set(DERIVED_TABLES) if legacy else set())
-        self.manifest.unlink(missing_ok=True)
-        self.derived_manifest.unlink(missing_ok=True)
-        geometry.save(self.geometry)
-        taxonomy.save(self.taxonomy)
-        self._write_text(self.settings, json.dumps(settings, indent=1))
-        self._write_frame("heads.csv", analysis.heads_table(all_columns=True))
-        self._write_frame("summary.csv", analysis.geometry.summary())
-        written = [*RESULT_FILES, *(self.drilldown(regime).name for regime in drilldowns)]
-        if analysis.head_types is not None:
-            analysis.head_types.save(self.path / HEAD_TYPES_FILE)
-            written.append(HEAD_TYPES_FILE)
+        with staged(self.path) as stage:  # the new files under temporary names: the old analysis stays whole until commit
+            geometry.save(stage.path(self.geometry.name))
+            taxonomy.save(stage.path(self.taxonomy.name))
+            self._write_text(stage.path(self.settings.name), json.dumps({**settings, "run_id": run_id}, indent=1))
+            self._write_frame(stage.path("heads.csv"), analysis.heads_table(all_columns=True))
+            self._write_frame(stage.path("summary.csv"), analysis.geometry.summary())
+            if analysis.head_types is not None:
+                analysis.head_types.save(stage.path(HEAD_TYPES_FILE))
+            for regime, figure in drilldowns.items():
+                self._write_text(stage.path(self.drilldown(regime).name), figure)
+            written = list(stage.names)
+            files = {name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+                     for name, path in ((n, self.path / f".{n}.staged") for n in written)}
+            if legacy:  # its new analysis makes the folder tl-geometry's
+                self._mark()
+            self.manifest.unlink(missing_ok=True)
+            self.derived_manifest.unlink(missing_ok=True)
+            stage.commit()
         for stale in [*(previous - set(written)), *(derived & set(DERIVED_TABLES)), self.report.name, self.scan_checkpoint.name,
                       self.stream_checkpoint.name, *_OLD_CHECKPOINTS]:
             self._remove(stale)
-        for regime, figure in drilldowns.items():
-            self._write_text(self.drilldown(regime), figure)
-        files = {name: {"bytes": (self.path / name).stat().st_size, "sha256": sha256_file(self.path / name)}
-                 for name in written}
         self._remove(self.checkpoint.name)  # finished: nothing is left to resume, whatever stops the run next
         self._write_text(self.manifest, json.dumps({"run_id": run_id, "files": files}, indent=1))
         return run_id
@@ -329,7 +330,7 @@ class RunFolder:
         """Write a derived table and record that it belongs to the analysis ``run_id``."""
         if name not in DERIVED_TABLES:
             raise ValueError(f"unknown derived table {name!r}")
-        path = self._write_frame(name, frame)
+        path = self._write_frame(self.path / name, frame)
         manifest = self._manifest() or {}
         manifest[name] = run_id
         self._write_text(self.derived_manifest, json.dumps(manifest, indent=1))
@@ -390,8 +391,7 @@ class RunFolder:
             tmp.write_text(text, encoding="utf-8")
         return path
 
-    def _write_frame(self, name: str, frame: pd.DataFrame) -> Path:
-        path = self.path / name
+    def _write_frame(self, path: Path, frame: pd.DataFrame) -> Path:
         with atomic_path(path) as tmp:
             frame.to_csv(tmp, index=False)
         return path
