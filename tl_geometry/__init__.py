@@ -81,4 +81,6 @@ def __getattr__(name: str):
         warnings.warn(f"tlg.{name} is now tlg.{_MOVED[name]}.{name}; the old name goes in the next release.",
                       DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(f"{__name__}.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}: its public names are dir(tl_geometry) "
+                         "(docs/api.md); hook readers are in tlg.capture, interventions in tlg.intervene, figures in "
+                         "tlg.plots")

@@ -94,6 +94,18 @@ def staged(folder: str | Path) -> Iterator[Staging]:
                 pass
 
 
+def _new_file_mode() -> int:
+    """The mode a new file gets from the user's umask (read without changing it, as
+    ``os.umask`` would for a moment for every thread), 0o644 where it cannot be read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
+
+
 def save_tensors(path: str | Path, kind: str, tensors: dict[str, Tensor], **metadata: Any) -> None:
     """Write ``tensors`` to ``path`` (atomically) with ``kind`` and JSON-encoded ``metadata``."""
     from safetensors import SafetensorError
@@ -103,6 +115,7 @@ def save_tensors(path: str | Path, kind: str, tensors: dict[str, Tensor], **meta
     with atomic_path(path) as tmp:
         try:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+            os.chmod(tmp, _new_file_mode())  # safetensors creates 0600; every other result file has the umask's mode
         except SafetensorError as exc:  # its I/O errors (a full disk) are the user's to fix, as OSErrors are
             if "I/O error" not in str(exc):
                 raise

@@ -54,3 +54,15 @@ def test_a_refused_write_is_one_clear_error_and_keeps_the_old_file(tmp_path, mon
         with atomic_path(path) as tmp:
             tmp.write_text("new")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+def test_tensor_files_get_the_mode_every_other_result_file_gets(tmp_path):
+    import os
+
+    import torch
+
+    from tl_geometry.io import save_tensors
+
+    save_tensors(tmp_path / "x.safetensors", "K", {"a": torch.ones(2)})
+    (tmp_path / "y.csv").write_text("a\n")
+    assert os.stat(tmp_path / "x.safetensors").st_mode == os.stat(tmp_path / "y.csv").st_mode

@@ -42,7 +42,7 @@ def test_the_public_face_is_small_and_the_moved_names_still_work_with_a_warning(
     for name, folder in tlg._MOVED.items():
         with pytest.warns(DeprecationWarning, match=f"tlg.{name} is now tlg.{folder}.{name}"):
             assert getattr(tlg, name) is getattr(getattr(tlg, folder), name)
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name': its public names are dir.* tlg.intervene"):
         tlg.no_such_name  # noqa: B018
 
 

@@ -64,6 +64,8 @@ DAMAGED = {
                                        "column 'window' differs between rows"),
     "pruning.csv a hole in a curve": ("pruning.csv", lambda text: text + "magnitude,0.5,6,0.2\nmagnitude,0.25,9,0.3\n",
                                       "has no row for retention 0.25: the table is incomplete; rerun tl-geometry prune"),
+    "pruning.csv a bad cell on line 3": ("pruning.csv", lambda text: text + "random,0.25,9,abc\n",
+                                         "line 3: column 'delta_nll' must hold a finite number, not 'abc'"),
     "topn.csv inf": ("topn.csv", lambda text: text.replace("0.3", "inf"),
                      "column 'delta_nll' must hold a finite number, not inf"),
     "topn.csv 1e400": ("topn.csv", lambda text: text.replace("0.3", "1e400"),

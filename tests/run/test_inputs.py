@@ -103,6 +103,16 @@ def test_right_padded_tokens_without_a_mask_warn_with_the_fix(monkeypatch):
         tlg.analyze(cache, tokens, 1, attention_mask=mask, repeats=0, bootstrap=1, progress=False)
 
 
+def test_left_padded_tokens_without_a_mask_warn_as_padding(monkeypatch):
+    model = tiny_model(4, 2)
+    monkeypatch.setattr(inputs_module, "pad_token_id", lambda model: 7)
+    tokens = random_tokens(3, 9, seed=4)
+    tokens[tokens == 7] = 8
+    tokens[1, :3] = 7  # one row left-padded
+    with pytest.warns(UserWarning, match=r"1 of 3 windows start with the pad token id 7 .* Pass attention_mask="):
+        tlg.analyze(model, tokens, 1, repeats=0, bootstrap=1, progress=False)
+
+
 def test_a_cache_without_its_batch_axis_is_one_sequence(tiny_model):
     tokens = random_tokens(1, 9, seed=3)
     _, batched = tiny_model.run_with_cache(tokens, names_filter=tlg.capture.names_filter)

@@ -25,10 +25,26 @@ __all__ = ["DerivedTable", "DERIVED_TABLES", "read_table", "scan_frame", "topn_f
 
 @dataclass(frozen=True)
 class Column:
-    """What one column holds: ``check`` says whether a value fits, ``means`` says it in words."""
+    """What one column holds: ``check`` says whether a value fits, ``means`` says it in words;
+    ``text``: its values are words (else a cell pandas left as text is read as a number first)."""
 
     check: Callable[[Any], bool]
     means: str
+    text: bool = False
+
+
+def _cell(value: Any, column: Column) -> Any:
+    """A cell as its column means it: one bad cell makes pandas read a whole numeric column as text,
+    so its other cells are parsed back (only the bad one is then reported, on its own line)."""
+    if column.text or not isinstance(value, str):
+        return value
+    if value in ("True", "False"):
+        return value == "True"
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
 
 
 def _number(value: Any) -> bool:
@@ -39,7 +55,7 @@ def _integer_at_least(low: int) -> Column:
     return Column(lambda v: _number(v) and float(v).is_integer() and v >= low, f"an integer ≥ {low}")
 
 
-TEXT = Column(lambda v: isinstance(v, str) and bool(v), "text")
+TEXT = Column(lambda v: isinstance(v, str) and bool(v), "text", text=True)
 REAL = Column(lambda v: _number(v) and math.isfinite(v), "a finite number")
 POSITIVE = Column(lambda v: _number(v) and 0 < v < math.inf, "a positive number")
 SHARE = Column(lambda v: _number(v) and 0 < v <= 1, "a share in (0, 1]")
@@ -48,7 +64,7 @@ FLAG = Column(lambda v: isinstance(v, bool) or v in (0, 1), "True or False")
 
 
 def _one_of(names: tuple[str, ...], what: str) -> Column:
-    return Column(lambda v: v in names, f"{what} ({', '.join(names)})")
+    return Column(lambda v: v in names, f"{what} ({', '.join(names)})", text=True)
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,7 @@ def read_table(path: Path, heads: tuple[int, int] | None = None) -> pd.DataFrame
     for name, column in table.columns.items():
         values = frame[name].tolist()
         for row, value in enumerate(values):
+            value = _cell(value, column)
             if isinstance(value, float) and math.isnan(value):
                 value = None  # an empty cell: a short or damaged row
             if value is None or not column.check(value):

@@ -55,17 +55,19 @@ def warn_not_measurable(config: RunConfig, tokens: Tensor, attention_mask: Tenso
 
 
 def warn_unmasked_padding(tokens: Tensor, attention_mask: Tensor | None, pad: int | None) -> None:
-    """Warn when windows look right-padded (they end in the pad id, in runs or in some rows only)
-    and no attention mask says so: the pads would be measured as real tokens."""
-    if attention_mask is not None or pad is None:
+    """Warn when windows look padded, right or left (they end or start with the pad id, in runs or in
+    some rows only), and no attention mask says so: the pads would be measured as real tokens."""
+    if attention_mask is not None or pad is None or tokens.shape[1] < 2:
         return
-    ends = tokens[:, -1] == pad
-    runs = ends & (tokens[:, -2] == pad)
-    if bool(runs.any()) or (bool(ends.any()) and not bool(ends.all())):
-        warnings.warn(f"{int(ends.sum())} of {tokens.shape[0]} windows end in the pad token id {pad} and no "
-                      "attention_mask was given: pads would be measured as real tokens. Pass attention_mask= "
-                      "(1 for real tokens) to tlg.analyze, and to run_with_cache when you analyse its cache.",
-                      stacklevel=4)
+    for side, edge, next_to in (("end in", -1, -2), ("start with", 0, 1)):  # right padding, left padding
+        ends = tokens[:, edge] == pad
+        runs = ends & (tokens[:, next_to] == pad)
+        if bool(runs.any()) or (bool(ends.any()) and not bool(ends.all())):
+            warnings.warn(f"{int(ends.sum())} of {tokens.shape[0]} windows {side} the pad token id {pad} and no "
+                          "attention_mask was given: pads would be measured as real tokens. Pass attention_mask= "
+                          "(1 for real tokens) to tlg.analyze, and to run_with_cache when you analyse its cache.",
+                          stacklevel=4)
+            return
 
 
 def bos_record(tokens: Tensor | None, attention_mask: Tensor | None, bos_token_id: int | None, window_ids: Tensor,
