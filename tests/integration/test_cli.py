@@ -532,7 +532,7 @@ def test_stream_refuses_a_run_of_another_model(finished_run, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [["stream", "--seq-len", "9000"], ["prune", "--seq-len", "9000"],
-                                     ["prune", "--scan-seq-len", "9000"]])
+                                     ["prune", "--seq-len", "9000", "--scan-seq-len", "9000"]])
 def test_lengths_past_the_context_are_refused_before_any_work(finished_run, capsys, command):
     before = snapshot(finished_run.path)
     assert main([command[0], str(finished_run.path), *command[1:]]) == 2
