@@ -265,23 +265,17 @@ def _aggregate_size(values, rule, at, s, order, n):
 
 
 @njit(**NO_RC)
-def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bound, dist):
-    """``dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist[k] ≤ bound}."""
+def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bound, dist, tie):
+    """``dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist[k] ≤ bound} and, in the
+    same vector loop, #{k: alpha[k] == tie} (``tie = -1``: none, as no weight is negative)."""
     count = 0
+    same = 0
     for k in range(n):
         value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
         dist[k] = value
         count += 1 if value <= bound else 0
-    return count
-
-
-@njit(**NO_RC)
-def _count_equal(x, n, value):
-    """#{k < n: x[k] == value}: an integer sum of comparisons, which LLVM vectorises."""
-    count = 0
-    for k in range(n):
-        count += 1 if x[k] == value else 0
-    return count
+        same += 1 if alpha[k] == tie else 0
+    return count, same
 
 
 @njit(**NO_RC)
@@ -298,11 +292,10 @@ def _tie_duplicates(values, at, s, i, agg_sq):
     """Euclidean N = 1: an unselected candidate with the selected source's weight and value has its
     contribution, so its distance to ``s_1`` is 0 exactly, as the selected one's: set to ``-‖s‖²``
     (the selected one's) rather than left to rounding (docs/metrics.md). Returns how many moved
-    onto it. The weights are screened first (a vector loop); values are compared only where they tie."""
+    onto it. Called only where :func:`_distances` found another key of the selected one's weight;
+    values are compared only where the weights tie."""
     b, kv, t = at.b, at.kv, at.t
     a = s.alpha[i]
-    if a == 0.0 or _count_equal(s.alpha, t + 1, a) < 2:  # zero contributions tie exactly already
-        return 0
     moved = 0
     square = values.squares[b, kv, i]
     for k in range(t + 1):
@@ -331,9 +324,10 @@ def step(values, rule, at, s, order, j, full, reach):
             value = -agg_sq
         s.u_val[rank] = value  # D_i
         rho_max = max(rho_max, value)
-    outside = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1, rho_max,
-                         s.dist)
-    if rule.euclidean and n == 1:
+    tie = s.alpha[order[0]] if rule.euclidean and n == 1 else -1.0  # N = 1: the selected weight's twins
+    outside, same = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1, rho_max,
+                               s.dist, tie)
+    if same > 1 and tie > 0.0:  # another key of its weight (zero contributions tie exactly already)
         outside += _tie_duplicates(values, at, s, order[0], agg_sq)
     if outside == 0 and not full:  # every unselected candidate beyond ρ_max: all selected inside
         rho_rest = rho_min = math.inf
