@@ -551,3 +551,24 @@ def test_threads_hold_for_the_command_and_are_restored(monkeypatch, tmp_path):
     before = torch.get_num_threads()
     assert main(["stream", str(tmp_path), "--threads", "1"]) == 0
     assert seen == [1] and torch.get_num_threads() == before
+
+
+def test_a_notebook_saved_run_of_a_bundled_model_needs_no_model_flag(tmp_path):
+    # Analysis.save writes the model as it names itself, not the CLI's name: prune and stream map it
+    import argparse
+    import dataclasses
+    import warnings
+
+    import tl_geometry as tlg
+    from tl_geometry.cli.derived_jobs import _finished_run
+
+    from ..tiny import random_tokens, tiny_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        analysis = tlg.analyze(tiny_model(4, 2), random_tokens(2, 12, seed=1), (1, 2), repeats=1, bootstrap=10,
+                               progress=False)
+    named = {**analysis.geometry.settings, "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    analysis = dataclasses.replace(analysis, geometry=dataclasses.replace(analysis.geometry, settings=named))
+    analysis.save(tmp_path / "run")
+    assert _finished_run(argparse.Namespace(run=str(tmp_path / "run"), model=None))[2] == "smollm2-135m"

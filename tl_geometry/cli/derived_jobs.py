@@ -31,7 +31,7 @@ def _finished_run(args: argparse.Namespace):
     analysis = Analysis.load(run.path)
     run.check_writable()
     settings = run.read_settings()
-    name = args.model or settings.get("cli_model")
+    name = args.model or settings.get("cli_model") or _bundled_name(settings.get("model"))
     if not isinstance(name, str):
         raise TLGeometryError("the run's settings.json does not say which model it analysed; pass --model")
     check_model_name(name)
@@ -42,6 +42,14 @@ def _finished_run(args: argparse.Namespace):
                               "tl-geometry analyze") from None
     corpus = load_corpus(settings.get("corpus_spec", settings.get("corpus", "python-reference")))
     return run, analysis, name, seed, corpus
+
+
+def _bundled_name(model: object) -> str | None:
+    """The bundled model's name (``load_model``'s) of a run whose settings name its model as the
+    model says itself (``Analysis.save`` from a notebook writes no ``cli_model``)."""
+    from ..capture.models import BUNDLED_MODELS
+
+    return next((bundled.name for bundled in BUNDLED_MODELS.values() if bundled.official_name == model), None)
 
 
 def _resume_or_restart(checkpoint, say) -> None:
