@@ -267,16 +267,14 @@ def _aggregate_size(values, rule, at, s, order, n):
 @njit(**NO_RC)
 def _distances(euclidean, y_size, alpha, proj, excluded, agg_sq, agg_norm, n, bound, dist, tie):
     """``dist[k]`` for keys ``0..n-1`` (+inf where excluded); returns #{k: dist[k] ≤ bound} and, in the
-    same vector loop, #{k: alpha[k] == tie}. ``tie=None`` (every N but the first) compiles a loop
-    without the count: numba prunes the branch on a None argument."""
+    same vector loop, #{k: alpha[k] == tie} (``tie = -1``: none, as no weight is negative)."""
     count = 0
     same = 0
     for k in range(n):
         value = _distance(euclidean, y_size[k], alpha[k], proj[k], agg_sq, agg_norm) + excluded[k]
         dist[k] = value
         count += 1 if value <= bound else 0
-        if tie is not None:
-            same += 1 if alpha[k] == tie else 0
+        same += 1 if alpha[k] == tie else 0
     return count, same
 
 
@@ -326,15 +324,11 @@ def step(values, rule, at, s, order, j, full, reach):
             value = -agg_sq
         s.u_val[rank] = value  # D_i
         rho_max = max(rho_max, value)
-    if rule.euclidean and n == 1:  # the selected weight's twins: exact duplicates tie
-        tie = s.alpha[order[0]]
-        outside, same = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1,
-                                   rho_max, s.dist, tie)
-        if same > 1 and tie > 0.0:  # another key of its weight (zero contributions tie exactly already)
-            outside += _tie_duplicates(values, at, s, order[0], agg_sq)
-    else:
-        outside, _ = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1,
-                                rho_max, s.dist, None)
+    tie = s.alpha[order[0]] if rule.euclidean and n == 1 else -1.0  # N = 1: the selected weight's twins
+    outside, same = _distances(rule.euclidean, s.y_size, s.alpha, s.proj, s.excluded, agg_sq, agg_norm, t + 1, rho_max,
+                               s.dist, tie)
+    if same > 1 and tie > 0.0:  # another key of its weight (zero contributions tie exactly already)
+        outside += _tie_duplicates(values, at, s, order[0], agg_sq)
     if outside == 0 and not full:  # every unselected candidate beyond ρ_max: all selected inside
         rho_rest = rho_min = math.inf
         inside = n
