@@ -67,15 +67,19 @@ class Staging:
     def __init__(self, folder: Path):
         self.folder, self.names = folder, []
 
-    def path(self, name: str) -> Path:
-        """Where to write the new ``name``."""
-        self.names.append(name)
+    def file(self, name: str) -> Path:
+        """The temporary name the new ``name`` is staged under."""
         return self.folder / f".{name}.staged"
+
+    def path(self, name: str) -> Path:
+        """Where to write the new ``name`` (it is staged from now on)."""
+        self.names.append(name)
+        return self.file(name)
 
     def commit(self) -> None:
         """Every staged file onto its name (renames in one folder: each atomic, all quick)."""
         for name in self.names:
-            os.replace(self.folder / f".{name}.staged", self.folder / name)
+            os.replace(self.file(name), self.folder / name)
         self.names = []
 
 
@@ -89,7 +93,7 @@ def staged(folder: str | Path) -> Iterator[Staging]:
     finally:
         for name in staging.names:
             try:
-                (staging.folder / f".{name}.staged").unlink(missing_ok=True)
+                staging.file(name).unlink(missing_ok=True)
             except OSError:
                 pass
 

@@ -295,8 +295,8 @@ class RunFolder:
             for regime, figure in drilldowns.items():
                 self._write_text(stage.path(self.drilldown(regime).name), figure)
             written = list(stage.names)
-            files = {name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-                     for name, path in ((n, self.path / f".{n}.staged") for n in written)}
+            files = {name: {"bytes": stage.file(name).stat().st_size, "sha256": sha256_file(stage.file(name))}
+                     for name in written}
             if legacy:  # its new analysis makes the folder tl-geometry's
                 self._mark()
             self.manifest.unlink(missing_ok=True)
