@@ -23,7 +23,14 @@ from torch import Tensor
 
 from ..config import Queries, Ranking
 from ..errors import TLGeometryError
-from .selection import check_window, selection_scores, squared_value_norms, value_norms64, visible_sources
+from .selection import (
+    check_window,
+    prepare_scores,
+    selection_scores,
+    squared_value_norms,
+    value_norms64,
+    visible_sources,
+)
 
 __all__ = ["QueryRows", "query_rows", "query_positions", "row_sum_tolerance", "finite_values", "squared_norm_limit", "working_dtype"]
 
@@ -237,9 +244,12 @@ class QueryRows:
         return self.visible & (torch.arange(self.visible.shape[-1], device=self.visible.device) != 0)
 
     def selection_scores(self, ranking: Ranking | Tensor, exclude_sink: bool = False) -> Float[Tensor, "batch head q key"]:
-        """:func:`selection_scores` of the rows (a score tensor must be shaped like the rows)."""
-        if isinstance(ranking, Tensor) and ranking.shape != self.alpha.shape:
-            raise TLGeometryError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
+        """:func:`selection_scores` of the rows (a score tensor must be shaped like the rows, and is
+        converted here, :func:`prepare_scores`, as the separability job converts its own)."""
+        if isinstance(ranking, Tensor):
+            if ranking.shape != self.alpha.shape:
+                raise TLGeometryError(f"ranking scores must be shaped like the chosen rows {tuple(self.alpha.shape)}.")
+            ranking = prepare_scores(ranking, self.alpha.dtype)
         norm64 = value_norms64(self.values, self.squares) if isinstance(ranking, str) and ranking == "contribution" else None
         return selection_scores(self.alpha, self.candidates(exclude_sink)[:, None], ranking, norm64, self.group)
 

@@ -132,12 +132,12 @@ def selection_scores(
     group: int,
 ) -> Float[Tensor, "batch head q key"]:
     """Scores that decide every top-N set (the numba kernels apply the same rule): ``α``,
-    ``α·‖v‖`` in float64 with ``‖v‖`` from :func:`value_norms64`, or the caller's scores
-    (:func:`prepare_scores`); candidates' scores clamped to finite values and non-candidates at
-    ``-inf``, so a candidate scored ``-inf`` still comes before every non-candidate. Ties are broken
-    by :func:`top_order`."""
+    ``α·‖v‖`` in float64 with ``‖v‖`` from :func:`value_norms64`, or the caller's scores, converted
+    once by the caller (:func:`prepare_scores`: the separability job, ``QueryRows``); candidates'
+    scores clamped to finite values and non-candidates at ``-inf``, so a candidate scored ``-inf``
+    still comes before every non-candidate. Ties are broken by :func:`top_order`."""
     if isinstance(ranking, Tensor):
-        score = prepare_scores(ranking, alpha.dtype)
+        score = ranking
     elif ranking == "contribution":
         score = alpha.double() * value_norm.repeat_interleave(group, 1)[:, :, None, :]
     elif ranking == "attention":
