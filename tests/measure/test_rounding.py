@@ -41,7 +41,7 @@ def test_the_model_holds_below_the_largest_count():
 
 def test_where_the_model_breaks_every_slack_is_infinite_and_nothing_else_changes():
     table = {key: torch.ones(1, 1, 3, dtype=torch.float64) for key in ("diag_lo", *SLACK_KEYS)}
-    out = fail_closed(table, torch.tensor([True, False, True]))
+    out = fail_closed(table, torch.tensor([255.0, 256.0, 100.0], dtype=torch.float64), 2.0**-8)  # m·u < 1, = 1, < 1
     assert torch.equal(out["diag_lo"], table["diag_lo"])
     for key in SLACK_KEYS:
         assert out[key].flatten().tolist() == [1.0, math.inf, 1.0]

@@ -121,7 +121,7 @@ def certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv ke
         "sink_sq": sink_sq, "slack_w": slack(gammas(m, roundoff)), "slack_64": slack(16 * gammas(m, 2.0**-53)),
         "gram_err": slack(gamma(d_head + 2, roundoff)) + (d_head + 2) * eta,
         "slack_abs": underflow_slack(scale, values.dtype, roundoff, m, d_head),
-    }, m * roundoff < 1)
+    }, m, roundoff)
 
 
 def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch kv key d"], roundoff: float,
@@ -158,7 +158,7 @@ def unit_certificate_table(stats: ValueStatistics, values: Float[Tensor, "batch 
         "sink_sq": torch.ones_like(squares), "slack_w": gammas(m, roundoff) * (1 + 4 * gammas(m, 2.0**-53)) * full,
         "slack_64": 18 * gammas(m, 2.0**-53) * full, "gram_err": torch.zeros_like(squares),
         "slack_abs": underflow_slack(_largest_squares(squares, mask), values.dtype, roundoff, m, d_head),
-    }, m * roundoff < 1)
+    }, m, roundoff)
 
 
 def _quadratic(sum_sq, total, sink_w, diag, pair, sink_pair, sink_sq):

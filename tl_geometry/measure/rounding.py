@@ -84,14 +84,16 @@ def prefix_counts(n_keys: int, d_head: int, device: torch.device) -> Float[Tenso
 
 
 def gammas(m: Tensor, u: float) -> Tensor:
-    """:func:`_gamma` of every count of ``m`` (inf where ``m·u ≥ 1``)."""
+    """:func:`gamma` of every count of ``m`` (inf where ``m·u ≥ 1``)."""
     mu = m * u
     return torch.where(mu < 1, mu / (1 - mu), torch.inf)
 
 
-def fail_closed(table: dict[str, Tensor], holds: Tensor) -> dict[str, Tensor]:
-    """``table`` where the rounding model holds (``holds`` per prefix); elsewhere every slack +inf,
-    which every certificate route reads as "nothing certified" (the trivial bound)."""
+def fail_closed(table: dict[str, Tensor], m: Tensor, u: float) -> dict[str, Tensor]:
+    """``table`` where the rounding model holds (``m·u < 1`` per prefix, as in
+    :func:`rounding_model_holds`); elsewhere every slack +inf, which every certificate route reads as
+    "nothing certified" (the trivial bound)."""
+    holds = m * u < 1
     return {k: torch.where(holds, x, torch.inf) if k in SLACK_KEYS else x for k, x in table.items()}
 
 
