@@ -8,12 +8,14 @@ import re
 from collections.abc import Iterable
 from typing import Any, SupportsIndex
 
+import einops
 import numpy as np
 import torch
+from torch import Tensor
 
 from .errors import TLGeometryError
 
-__all__ = ["head_name", "head_columns", "head_names", "layer_spans", "parse_heads", "parse_head"]
+__all__ = ["head_name", "head_columns", "head_names", "layer_spans", "parse_heads", "parse_head", "kv_to_query_heads"]
 
 
 def head_name(layer: SupportsIndex, head: SupportsIndex) -> str:
@@ -30,6 +32,12 @@ def head_columns(n_layers: int, n_heads: int) -> dict[str, Any]:
     """
     layer, head = np.divmod(np.arange(n_layers * n_heads, dtype=np.int64), n_heads)
     return {"layer": layer, "head": head, "name": [head_name(a, b) for a, b in zip(layer, head, strict=True)]}
+
+
+def kv_to_query_heads(values: Tensor, n_heads: int) -> Tensor:
+    """A ``[n_layers, n_kv_heads]`` tensor (one value per kv head, GQA/MQA) on the query heads:
+    query head ``h`` reads kv head ``h // (n_heads // n_kv_heads)``, the model's own grouping."""
+    return einops.repeat(values, "layer kv -> layer (kv group)", group=n_heads // values.shape[1])
 
 
 def head_names(n_layers: int, n_heads: int) -> list[list[str]]:

@@ -26,9 +26,12 @@ __all__ = ["analyze_command", "analyze_interrupted", "report_command", "compare_
 
 
 def _drilldowns(model, analysis, windows) -> dict[str, str]:
-    """Drill-down figures (JSON by regime) of the most confident head of each regime on the first
-    window, saved so ``tl-geometry report`` can rebuild the page without the model."""
+    """Drill-down figures (JSON by regime) on the first window's text: for each regime, the surest
+    head (:meth:`~tl_geometry.Analysis.heads_at_a_glance`'s order) whose last query votes as its label
+    does, so the example shows what the label means; saved so ``tl-geometry report`` can rebuild
+    the page without the model."""
     from ..label.taxonomy import REGIMES
+    from ..measure.votes import VOTES
     from ..present.drilldown import head_drilldown
     from ..run.inputs import tokenize_texts
 
@@ -36,17 +39,13 @@ def _drilldowns(model, analysis, windows) -> dict[str, str]:
     n = min(4, tokenize_texts(model, [text])[0].shape[1] - 1)  # N < the sources of the last query
     if n < 1:
         return {}
-    tax = analysis.taxonomy
     figures = {}
-    for i, regime in enumerate(REGIMES):
-        chosen = tax.label_ids == i
-        if not bool(chosen.any()):
-            continue
-        confidence = tax.shares[..., i].where(chosen, -1.0)
-        layer, head = divmod(int(confidence.flatten().argmax()), tax.shape[1])
-        fig = head_drilldown(model, text, layer, head, n=n)
-        fig.update_layout(title=f"{regime}: {fig.layout.title.text}<br><sup>{analysis.head_profile((layer, head))}</sup>")
-        figures[regime] = fig.to_json()
+    for regime, heads in analysis.taxonomy.clearest(k=8).items():
+        for layer, head in heads:
+            fig = head_drilldown(model, text, layer, head, n=n)
+            if fig.layout.meta["winner"] == VOTES[REGIMES.index(regime)]:
+                figures[regime] = fig.to_json()
+                break
     return figures
 
 
@@ -132,22 +131,38 @@ def _default_out(args: argparse.Namespace) -> str:
 
 def _say_results(analysis, queries: Queries, say) -> None:
     """The terminal's summary of a finished analysis: F_N top-N vs random with intervals, what NaN
-    means, the regime shares."""
-    result = analysis.geometry
-    summary = result.summary()
-    say(f"\nF_N, all heads ({queries} queries; mean over sequences, 95% bootstrap CI):")
-    for row in summary.itertuples():
-        say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
-            f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
-    if any(row.n == 1 and abs(row.gap) >= 5e-4 for row in summary.itertuples()):  # visible at 3 decimals
-        say("  N=1 gap above 0: some contributions coincide (a random pick among them scores F = 0; in float16, "
-            "weights that underflow to 0 put their sources at the origin): docs/metrics.md#separability")
-    for reason in result.not_measurable():
-        say(f"  NaN means {reason}")
-    overall = analysis.taxonomy.fractions().iloc[-1]
-    say(f"head regimes: retriever {overall['retriever']:.1%}, mixer {overall['mixer']:.1%}, reset {overall['reset']:.1%}")
+    means, then the regimes in words with their surest heads and the uncertain ones."""
+    from ..heads import head_name
+    from ..label.taxonomy import regime_gloss
     from ..present.report import attention_notes
 
+    result = analysis.geometry
+    summary = result.summary()
+    euclidean = result.settings.get("distance") == "euclidean"
+    say(f"\nF_N, all heads ({queries} queries; mean over sequences, 95% bootstrap CI):")
+    for row in summary.itertuples():
+        if row.n == 1 and euclidean and abs(row.gap) < 5e-4:  # 1 by definition: no information
+            continue
+        say(f"  N={row.n:<3d} top-N {row.f_top:.3f} [{row.f_top_low:.3f}, {row.f_top_high:.3f}]  "
+            f"random {row.f_random:.3f}  gap {row.gap + 0.0:+.3f} [{row.gap_low + 0.0:+.3f}, {row.gap_high + 0.0:+.3f}]")
+    if 1 in result.n and euclidean:
+        if any(row.n == 1 and abs(row.gap) >= 5e-4 for row in summary.itertuples()):  # visible at 3 decimals
+            say("  N=1 gap above 0: some contributions coincide (a random pick among them scores F = 0; in float16, "
+                "weights that underflow to 0 put their sources at the origin): docs/metrics.md#separability")
+        else:
+            say("  (N=1 left out: F = 1 by definition in a Euclidean run)")
+    for reason in result.not_measurable():
+        say(f"  NaN means {reason}")
+    tax = analysis.taxonomy
+    overall = tax.fractions().iloc[-1]
+    say(f"head regimes (labels from {tax.basis}):")
+    for i, (regime, heads) in enumerate(tax.clearest(3).items()):
+        surest = ", ".join(f"{head_name(layer, head)} ({float(tax.shares[layer, head, i]):.0%})" for layer, head in heads)
+        say(f"  {overall[regime]:6.1%} {regime_gloss(regime, familiar=True)}" + (f"; surest: {surest}" if surest else ""))
+    uncertain = analysis.uncertain_heads()
+    if uncertain:
+        say(f"  {len(uncertain)} uncertain label{'s' if len(uncertain) != 1 else ''} (could flip on other text): "
+            f"{', '.join(uncertain[:10])}{' …' if len(uncertain) > 10 else ''}")
     for line in attention_notes(analysis):  # sliding windows, windows without BOS (all is well: nothing said)
         if not line.startswith("Every window starts with BOS"):
             say(f"  {line}")
@@ -188,7 +203,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     describe_model(model).check_length(args.seq_len)
     windows = make_windows(model, corpus, args.seq_len, args.windows, args.seed)
     say(f"{windows.tokens.shape[0]} windows x {args.seq_len} tokens from {windows.corpus} "
-        f"({windows.skipped_documents} of the documents read too short)")
+        f"({windows.skipped_documents} documents shorter than a window skipped)")
     # The inputs are valid: from here one process writes the folder (rank 0 holds its lock).
     with run.writing(elsewhere=True) if rank == 0 else contextlib.nullcontext():
         if rank == 0:

@@ -24,13 +24,26 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..errors import TLGeometryError
-from ..heads import head_columns
+from ..heads import head_columns, head_name
 from ..io import load_tensors, save_tensors
 from ..measure.votes import VOTES
 
-__all__ = ["REGIMES", "HeadTaxonomy", "TaxonomyAccumulator"]
+__all__ = ["REGIMES", "REGIME_MEANING", "REGIME_FAMILIAR", "regime_gloss", "HeadTaxonomy", "TaxonomyAccumulator"]
 
 REGIMES = ("retriever", "mixer", "reset")  # the label of a plurality of VOTES[i] is REGIMES[i]
+# What each label means, said beside it wherever a label is shown: the source whose contribution
+# α·‖v‖ is the query's largest ("wins") is the current token, the sink, or another token.
+REGIME_MEANING = {"retriever": "the current token wins", "mixer": "the sink wins", "reset": "another token wins"}
+# The TransformerLens head types a label usually holds (docs/metrics.md, "Familiar head types"):
+# a "retriever" is not a retrieval head, and a head resting on BOS is a mixer, not a reset.
+REGIME_FAMILIAR = {"mixer": "heads resting on BOS", "reset": "previous-token, induction and name-mover heads"}
+
+
+def regime_gloss(regime: str, *, familiar: bool = False) -> str:
+    """``"mixer: the sink wins"``; with ``familiar`` the TransformerLens head types it usually
+    holds, where there are some: ``"mixer: the sink wins (heads resting on BOS)"``."""
+    known = REGIME_FAMILIAR.get(regime) if familiar else None
+    return f"{regime}: {REGIME_MEANING[regime]}" + (f" ({known})" if known else "")
 
 
 def _wilson(successes: Tensor, total: Tensor, z: float = 1.959963984540054) -> tuple[Tensor, Tensor]:
@@ -67,8 +80,45 @@ class HeadTaxonomy:
         counts = self.n_votes
         votes = f"{int(counts.min())}–{int(counts.max())}" if int(counts.min()) != int(counts.max()) else f"{int(counts.min())}"
         uncertain = int(self.label_uncertain.sum())
-        return (f"HeadTaxonomy({layers} layers × {heads} heads{f' of {model}' if model else ''}: {shares}; "
-                f"{votes} votes per head, {uncertain} label{'s' if uncertain != 1 else ''} within the 95% interval of the runner-up)")
+        meanings = "; ".join(regime_gloss(regime) for regime in REGIMES)
+        return (f"HeadTaxonomy({layers} layers × {heads} heads{f' of {model}' if model else ''}: {shares} "
+                f"({meanings}); {votes} votes per head from {self.basis}, {uncertain} "
+                f"label{'s' if uncertain != 1 else ''} within the 95% interval of the runner-up)")
+
+    @property
+    def basis(self) -> str:
+        """What the labels rest on, in words: ``"8 windows × 256 tokens of python-reference, last
+        queries"`` (the parts the settings record). Labels move with the text: compare a task's
+        labels with a corpus run's before joining them (docs/usage.md, "Which labels to join")."""
+        settings = self.settings
+        windows, length = settings.get("n_windows"), settings.get("seq_len")
+        text = f"{windows} windows × {length} tokens" if windows and length else "the analysed windows"
+        corpus = settings.get("corpus")
+        queries = settings.get("queries")
+        return text + (f" of {corpus}" if corpus else "") + (f", {queries} queries" if queries else "")
+
+    def describe_head(self, layer: int, head: int) -> str:
+        """A head's label in words: ``"L18H8, a mixer: the sink wins 97% of its 2,040 queries"``."""
+        regime, votes = self.labels[layer, head], int(self.n_votes[layer, head])
+        ordered = self.votes[layer, head].sort(descending=True).values
+        if votes == 0:
+            return f"{head_name(layer, head)}, a reset: no query voted"
+        if int(ordered[0]) == int(ordered[1]):
+            return f"{head_name(layer, head)}, a reset: no source wins most of its {votes:,} queries (a tie)"
+        share = float(self.shares[layer, head, REGIMES.index(regime)])
+        return f"{head_name(layer, head)}, a {regime}: {REGIME_MEANING[regime]} {share:.0%} of its {votes:,} queries"
+
+    def clearest(self, k: int = 3) -> dict[str, list[tuple[int, int]]]:
+        """Up to ``k`` heads of each regime, the surest first: ordered by the lower end of the
+        Wilson 95% interval of their winning share; uncertain labels left out."""
+        low, _ = self.share_interval
+        sure = low.nan_to_num(-1.0).where(~self.label_uncertain, -1.0)
+        chosen = {}
+        for i, regime in enumerate(REGIMES):
+            score = sure.where(self.label_ids == i, -1.0).flatten()
+            order = [int(x) for x in score.argsort(descending=True, stable=True)[:k] if float(score[x]) >= 0]
+            chosen[regime] = [divmod(x, self.shape[1]) for x in order]
+        return chosen
 
     @classmethod
     def from_votes(cls, votes: Tensor, offsets: Tensor | None = None, settings: dict | None = None) -> HeadTaxonomy:

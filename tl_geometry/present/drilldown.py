@@ -69,9 +69,14 @@ def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | N
     fig.update_xaxes(title="rank by distance", row=1, col=2)
     fig.update_yaxes(title="D_j", row=1, col=2)
     p, r, f, certified = _measured(att, head, t, n)
-    fig.update_layout(title=f"{head_name(layer, head)}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}, "
-                            f"margin {row.rho_min - row.rho_max:+.3f}; {certified}", template="plotly_white",
-                      height=480, legend={"orientation": "h", "y": 1.1, "x": 1, "xanchor": "right"})
+    margin = row.rho_min - row.rho_max
+    reading = ("≥ 0: the selected sources are exactly the N nearest to s_N" if margin >= 0 else
+               "< 0: an unselected source lies nearer s_N than a selected one")
+    fig.update_layout(title=f"{head_name(layer, head)} at query {t}, N={n}: P={p:.2f} R={r:.2f} F={f:.2f}<br><sup>"
+                            f"margin ρ_min − ρ_max = {margin:+.3f} ({reading}); {certified}</sup>",
+                      template="plotly_white", height=500, margin={"t": 110},
+                      legend={"x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},  # clear of the panel titles
+                      meta={"head": head_name(layer, head), "query": t, "n": n, "winner": row.winner})
     return fig
 
 
@@ -98,6 +103,14 @@ class _Row:
         selected = frozenset(sorted(range(t + 1), key=lambda j: (-float(alpha[j]), j))[:n])
         s = y[list(selected)].sum(0)
         return cls(labels, alpha, y, s, (y - s).norm(dim=-1), selected)
+
+    @property
+    def winner(self) -> str:
+        """The query's vote (docs/metrics.md#taxonomy): ``current``, ``sink`` or ``other`` source
+        of its largest contribution ``α_j‖v_j‖`` (ties to the earlier source)."""
+        w = int(self.y.norm(dim=-1).argmax())  # argmax returns the first of equal maxima
+        t = len(self.labels) - 1
+        return "current" if w == t else "sink" if w == 0 else "other"
 
     @property
     def status(self) -> list[str]:
@@ -129,10 +142,9 @@ def _measured(att: Any, head: int, t: int, n: int) -> tuple[float, float, float,
     bounds = sink_aware_bounds(*prefix, queries=torch.tensor([t]))
     p_low, r_low = float(bounds.precision[0, head, 0, 0]), float(bounds.recall[0, head, 0, 0])
     if p_low > n / (t + 1) or r_low > 0:
-        certified = (f"certified: the top-{n} set is separable with precision ≥ {p_low:.2f}, "
-                     f"recall ≥ {r_low:.2f} (Theorems 1–2)")
+        certified = f"certified lower bounds P ≥ {p_low:.2f}, R ≥ {r_low:.2f}"
     else:
-        certified = "the certificate proves nothing beyond the trivial bounds here"
+        certified = "no certified bound above the trivial P ≥ N/(t+1), R ≥ 0 here"
     return p, r, f, certified
 
 

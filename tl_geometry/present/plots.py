@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 from ..errors import TLGeometryError
 from ..heads import head_name, head_names
 from ..label.head_types import HEAD_TYPES
-from ..label.taxonomy import REGIMES, HeadTaxonomy
+from ..label.taxonomy import REGIMES, HeadTaxonomy, regime_gloss
 from ..run.compare import Comparison
 from ..run.results import Analysis
 from .drilldown import head_drilldown, visible_token
@@ -51,13 +51,15 @@ def _head_hover(res: Analysis, n_at: int, importance: torch.Tensor | None) -> li
         norm_ratio, sink_cosine = geo.mean("norm_ratio"), geo.mean("sink_cosine")
     types = res.head_types
     type_labels = types.labels() if types is not None else None
+    uncertain = tax.label_uncertain
     rows = []
     for layer in range(layers):
         row = []
         for head in range(heads):
             shares = tax.shares[layer, head].tolist()
-            text = (f"<b>{head_name(layer, head)}</b><br>regime: {tax.labels[layer, head]} "
-                    f"(current {shares[0]:.2f}, sink {shares[1]:.2f}, other {shares[2]:.2f})<br>"
+            text = (f"<b>{head_name(layer, head)}</b>: {regime_gloss(tax.labels[layer, head])}<br>"
+                    f"votes: current {shares[0]:.2f}, sink {shares[1]:.2f}, other {shares[2]:.2f}"
+                    f"{' (uncertain)' if uncertain[layer, head] else ''}<br>"
                     f"F_N={geo.n[n_at]}: top-N {f_top[layer, head]:.3f} vs random {f_random[layer, head]:.3f}")
             if geo.has_sink:
                 text += (f"<br>sink norm ratio {norm_ratio[layer, head]:.2f}, "
@@ -114,7 +116,8 @@ def grid_figure(values: torch.Tensor, hover: list[list[str]], *, title: str, col
                              "showgrid": False, "zeroline": False},
                       yaxis={"title": "layer", "autorange": "reversed", "dtick": 1 if layers <= 40 else None,
                              "showgrid": False, "zeroline": False},
-                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"})
+                      # beside the grid, clear of the title and the N buttons above it
+                      legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.02, "xanchor": "left"})
     return fig
 
 
@@ -153,9 +156,9 @@ def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None 
     n_at, n_value = _n_index(res, n)
     ns = res.geometry.n
     if delta_nll is not None:
-        delta_nll = _per_head(res, delta_nll, "delta_nll (single_head_scan's result)")
+        delta_nll = res.per_head(delta_nll, "delta_nll (single_head_scan's result)").tensor
     if isinstance(color, torch.Tensor):
-        values = _per_head(res, color, "a tensor to colour the heads by")
+        values = res.per_head(color, "a tensor to colour the heads by").tensor
         return grid_figure(values, _head_hover(res, n_at, delta_nll), title=title or "per-head values",
                            colorbar=title or "value", diverging=_signed(values))
     if color in HEAD_TYPES:
@@ -166,8 +169,9 @@ def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None 
                            title=title or f"{label} score (TransformerLens detect_head, repeated random tokens)",
                            colorbar=label)
     if color == "regime":
-        fig = grid_figure(res.taxonomy.label_ids, _head_hover(res, n_at, delta_nll), title="Head regimes",
-                          colorbar="regime", categories=list(REGIMES), colors=[REGIME_COLORS[r] for r in REGIMES])
+        fig = grid_figure(res.taxonomy.label_ids, _head_hover(res, n_at, delta_nll),
+                          title="Head regimes: which source wins each query's largest contribution", colorbar="regime",
+                          categories=[regime_gloss(r) for r in REGIMES], colors=[REGIME_COLORS[r] for r in REGIMES])
         return fig
     if color == "delta_nll":
         if delta_nll is None:
@@ -182,16 +186,6 @@ def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None 
         raise TLGeometryError(f"{color!r} is not a per-head metric (shape {tuple(values.shape)}).")
     return _per_n_map(values, ns, n_at, [_head_hover(res, i, delta_nll) for i in range(len(ns))],
                       title=f"{color} per head", colorbar=color, diverging=diverging)
-
-
-def _per_head(res: Analysis, values: Any, what: str) -> torch.Tensor:
-    """``values`` as a float64 ``[n_layers, n_heads]`` tensor of this analysis' heads, or one line."""
-    shape = list(res.taxonomy.shape)
-    if (not isinstance(values, torch.Tensor) or list(values.shape) != shape or values.dtype == torch.bool
-            or values.is_complex()):
-        got = f"{values.dtype} {list(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
-        raise TLGeometryError(f"{what} must be a real [n_layers, n_heads] = {shape} tensor; got {got}.")
-    return values.detach().cpu().double()
 
 
 def _signed(values: torch.Tensor) -> bool:
@@ -230,7 +224,7 @@ def separability_curves(res: Analysis) -> go.Figure:
             if not bool(chosen.any()):
                 continue
             series = _model_series(geo.per_sequence[f"{metric}_top"], chosen)
-            fig.add_trace(go.Scatter(x=ns, y=series.nanmean(0).tolist(), name=f"{regime}, top-N", legendgroup=regime,
+            fig.add_trace(go.Scatter(x=ns, y=series.nanmean(0).tolist(), name=f"top-N, {regime_gloss(regime)}", legendgroup=regime,
                                      showlegend=col == 1, line={"color": REGIME_COLORS[regime]}), row=1, col=col)
     fig.update_xaxes(type="log", title="N", tickvals=ns)
     fig.update_layout(title="Separability of top-N vs random sets", template="plotly_white", height=420)
@@ -271,7 +265,7 @@ def regime_fractions(taxonomy: HeadTaxonomy | Mapping[str, HeadTaxonomy]) -> go.
     if isinstance(taxonomy, HeadTaxonomy):
         frame = taxonomy.fractions().iloc[:-1]
         for regime in REGIMES:
-            fig.add_trace(go.Bar(x=frame["layer"].tolist(), y=frame[regime].tolist(), name=regime,
+            fig.add_trace(go.Bar(x=frame["layer"].tolist(), y=frame[regime].tolist(), name=regime_gloss(regime),
                                  marker_color=REGIME_COLORS[regime]))
         fig.update_xaxes(title="layer", dtick=1)
         title = "Regime share per layer"
@@ -279,7 +273,7 @@ def regime_fractions(taxonomy: HeadTaxonomy | Mapping[str, HeadTaxonomy]) -> go.
         names = [safe_text(name) for name in taxonomy]
         overall = [t.fractions().iloc[-1] for t in taxonomy.values()]
         for regime in REGIMES:
-            fig.add_trace(go.Bar(x=names, y=[float(o[regime]) for o in overall], name=regime,
+            fig.add_trace(go.Bar(x=names, y=[float(o[regime]) for o in overall], name=regime_gloss(regime),
                                  marker_color=REGIME_COLORS[regime]))
         title = "Regime share per model"
     fig.update_layout(barmode="stack", yaxis={"title": "share of heads", "range": [0, 1]}, title=title,

@@ -13,13 +13,14 @@ Example:
 
 from __future__ import annotations
 
-import html
+import functools
 import json
 import math
 import platform
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -27,13 +28,15 @@ import plotly.io
 import torch
 
 from ..errors import TLGeometryError
-from ..heads import layer_spans
+from ..heads import layer_spans, parse_head
 from ..io import atomic_path
+from ..label.taxonomy import REGIME_FAMILIAR, REGIME_MEANING, REGIMES
 from ..run.compare import Comparison
 from ..run.results import Analysis
 from ..run.run_folder import RunFolder
 from . import plots
 from .claims import claims_table
+from .style import REGIME_COLORS
 
 __all__ = ["build_report", "write_report", "build_comparison", "write_comparison", "script_safe_json", "derived_results"]
 
@@ -47,32 +50,38 @@ def script_safe_json(obj: Any) -> str:
     return text
 
 
-def _figure_block(fig: go.Figure, index: int, head_map: bool = False) -> str:
-    div = f"tlg-fig-{index}"
-    payload = script_safe_json(plotly.io.to_json(fig, validate=False))
-    click = ""
-    if head_map:
-        click = (f"document.getElementById('{div}').on('plotly_click', function (e) {{"
-                 "if (e.points.length) { var p = e.points[0]; showHead('L' + p.y + 'H' + p.x); } });")
-    return (f'<div class="tlg-plot" id="{div}"></div>\n<script>(function () {{ var fig = {payload};'
-            f" Plotly.newPlot('{div}', fig.data, fig.layout, {{responsive: true}}).then(function () {{ {click} }});"
-            " })();</script>")
+# A click on a head map's cell shows the head's row of the heads table (showHead, in the page).
+_CLICK = ("document.getElementById('{plot_id}').on('plotly_click', function (e) {"
+          " if (e.points.length) { var p = e.points[0]; showHead('L' + p.y + 'H' + p.x); } });")
+
+
+def _figure_html(fig: go.Figure, index: int, head_map: bool = False) -> str:
+    """A figure's ``<div>`` and script (plotly.js is in the page once; plotly escapes the JSON)."""
+    return plotly.io.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"tlg-fig-{index}",
+                             config={"responsive": True}, post_script=_CLICK if head_map else None, validate=False)
+
+
+def _frame_html(frame: pd.DataFrame) -> str:
+    """A table as HTML, every cell escaped (pandas' ``to_html``)."""
+    return frame.to_html(index=False, escape=True, border=0, na_rep="—")
+
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.PackageLoader("tl_geometry.present", "templates"), autoescape=True,
+                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+
+def _render(template: str, **context) -> str:
+    """A page from its template: every value autoescaped, figures and tables marked safe there."""
+    return _templates().get_template(template).render(plotly_js=plotly.offline.get_plotlyjs(), **context)
 
 
 def _versions(settings: dict) -> dict[str, str]:
-    import torch
-
     from .. import __version__
 
     return {"tl_geometry": __version__, "transformer_lens": str(settings.get("transformer_lens", "?")),
             "torch": torch.__version__, "plotly": plotly.__version__, "python": platform.python_version()}
-
-
-def _table(rows: list[dict], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(row.get(c, '')))}</td>" for c in columns) + "</tr>"
-                   for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _clean(value: Any) -> Any:
@@ -120,33 +129,45 @@ def build_report(
     streaming=None,
     drilldowns: list[go.Figure] | None = None,
 ) -> str:
-    """The report as an HTML string: settings, claims C1–C11 beside the paper's, every figure."""
+    """The report as an HTML string. Its first screen answers which heads do what: the regime map,
+    what each label means, the surest heads of each regime and the uncertain ones; then every
+    figure, each drill-down headed by its head in words; run settings and the paper's claims last,
+    folded."""
     figures = _figures(analysis, pruning, scan, topn, streaming, drilldowns)
-    claims = claims_table(analysis, pruning=pruning, scan=scan)
-    for row in claims:
-        row["holds"] = {True: "yes", False: "no", None: "—"}[row["holds"]]
+    claims = pd.DataFrame(claims_table(analysis, pruning=pruning, scan=scan))
+    claims["holds"] = claims["holds"].map({True: "yes", False: "no", None: "—"})
     settings = dict(analysis.geometry.settings)
-    setting_rows = [{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
-                    for k, v in settings.items()]
+    setting_rows = [{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v} for k, v in settings.items()]
     setting_rows += [{"setting": f"version: {k}", "value": v} for k, v in _versions(settings).items()]
-    heads = analysis.heads_table()
+    heads = analysis.heads_table(all_columns=True)
     if scan is not None:
         heads["delta_nll_alone"] = scan.reshape(-1).double().numpy()
     head_rows = {row["name"]: {k: _clean(v) for k, v in row.items()} for row in heads.to_dict(orient="records")}
-    blocks = "\n".join(f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i, is_map)}"
-                       for i, (name, fig, is_map) in enumerate(figures))
-    body = f"""<h2>Run settings</h2>
-{_table(setting_rows, ["setting", "value"])}
-{_notes(analysis)}<h2>Claims of the paper and what this run measured</h2>
-{_table(claims, ["id", "paper", "measured", "holds", "rule"])}
-{_types_section(analysis)}
-<div id="tlg-head"><b id="tlg-head-name"></b><table id="tlg-head-table"></table></div>
-<script>
-var TLG_HEADS = {script_safe_json(head_rows)};
-{_SHOW_HEAD}
-</script>
-{blocks}"""
-    return _page(title, body)
+    uncertain = analysis.uncertain_heads()
+    regimes = [{"name": r, "meaning": REGIME_MEANING[r], "familiar": REGIME_FAMILIAR.get(r), "color": REGIME_COLORS[r]}
+               for r in REGIMES]
+    types = None
+    if analysis.head_types is not None:
+        crosstab = analysis.head_types.crosstab(analysis.taxonomy).reset_index()
+        types = _frame_html(crosstab.rename(columns=str))
+    return _render(
+        "report.html.j2", title=title, basis=f"Labels from {analysis.taxonomy.basis}.", regimes=regimes,
+        head_map=_figure_html(plots.head_map(analysis, "regime", delta_nll=scan).update_layout(width=640), 0, head_map=True),
+        glance=_frame_html(analysis.heads_at_a_glance()), uncertain=_uncertain_line(uncertain, analysis),
+        notes=analysis.geometry.not_measurable() + attention_notes(analysis), types=types,
+        heads_json=script_safe_json(head_rows), show_head=_SHOW_HEAD,
+        figures=[{"heading": heading, "caption": caption, "html": _figure_html(fig, i, is_map)}
+                 for i, (heading, caption, fig, is_map) in enumerate(figures, start=1)],
+        settings=_frame_html(pd.DataFrame(setting_rows)), claims=_frame_html(claims[["id", "paper", "measured", "holds", "rule"]]))
+
+
+def _uncertain_line(uncertain: list[str], analysis: Analysis) -> str:
+    """Which labels could flip on other text, in a sentence."""
+    if not uncertain:
+        return "Every label is sure: its winner's 95% interval stays above the runner-up's."
+    shown = ", ".join(uncertain[:12]) + (f" and {len(uncertain) - 12} more" if len(uncertain) > 12 else "")
+    return (f"{len(uncertain)} of {analysis.taxonomy.label_ids.numel()} labels are uncertain (could flip on other "
+            f"text): {shown}. Analyse more text, or the text of your task, before relying on them.")
 
 
 # The head panel: a click on a head map's cell shows the head's row of the heads table.
@@ -162,74 +183,59 @@ _SHOW_HEAD = """function showHead(name) {
   });
 }"""
 
+# What a drill-down of each regime shows, where its numbers could look contradictory.
+_DRILLDOWN_CAPTIONS = {
+    "retriever": "The current token's contribution is the largest. The margin (nearest unselected distance minus "
+                 "farthest selected one) can be negative while the certificate holds: the certificate bounds the "
+                 "precision and recall of the top-N set, not whether one ball holds it exactly.",
+    "mixer": "The sink's contribution dwarfs the others, so s_N sits near it and the other sources lie about equally "
+             "far away: the top-N set is barely separable (P near N/(t+1), margin near 0). That is what a mixer is.",
+    "reset": "Another token's contribution is the largest (for a previous-token head, the token before the query).",
+}
 
-def _figures(analysis: Analysis, pruning, scan, topn, streaming, drilldowns) -> list[tuple[str, go.Figure, bool]]:
-    """The report's figures in order: (heading, figure, whether it is a clickable head map)."""
+
+def _drilldown_figures(analysis: Analysis, drilldowns: list[go.Figure]) -> list[tuple[str, str, go.Figure, bool]]:
+    """Each drill-down headed by its head and regime in words (``layout.meta``: head and regime;
+    figures saved without them keep a plain heading)."""
+    entries = []
+    for fig in drilldowns:
+        meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+        try:
+            layer, head = parse_head(meta.get("head"), *analysis.taxonomy.shape)
+        except TLGeometryError:
+            entries.append(("One head up close", "", fig, False))
+            continue
+        entries.append((analysis.taxonomy.describe_head(layer, head),
+                        _DRILLDOWN_CAPTIONS.get(analysis.taxonomy.labels[layer, head], ""), fig, False))
+    return entries
+
+
+def _figures(analysis: Analysis, pruning, scan, topn, streaming, drilldowns) -> list[tuple[str, str, go.Figure, bool]]:
+    """The report's figures after the first screen's head map, in order: (heading, caption, figure,
+    whether it is a clickable head map)."""
     geo = analysis.geometry
-    figures: list[tuple[str, go.Figure, bool]] = [
-        ("Head regimes (click a head for its numbers)", plots.head_map(analysis, "regime", delta_nll=scan), True),
-        ("Top-N minus random F_N per head", plots.head_map(analysis, "gap", delta_nll=scan), True),
-        ("Separability against N", plots.separability_curves(analysis), False),
+    figures: list[tuple[str, str, go.Figure, bool]] = [
+        ("How separable the top-N tokens are", "F_N of the N most attended tokens against N random ones, in value "
+         "space: above the dashed line, attention picks tokens whose contributions cluster apart from the rest.",
+         plots.separability_curves(analysis), False),
+        ("Top-N minus random F_N per head", "", plots.head_map(analysis, "gap", delta_nll=scan), True),
     ]
     if "precision_bound" in geo.per_sequence:
-        figures.append(("Certified precision P̲_N per head (the largest of Theorems 1–4; trivial: N/(t+1))",
-                        plots.head_map(analysis, "precision_bound", n=2 if 2 in geo.n else None, delta_nll=scan),
-                        True))
+        figures.append(("Certified precision per head", "A lower bound the measured precision cannot go below, proved "
+                        "in floating point (the largest of Theorems 1–4); trivial where it equals N/(t+1).",
+                        plots.head_map(analysis, "precision_bound", n=2 if 2 in geo.n else None, delta_nll=scan), True))
     if geo.has_sink:
-        figures.append(("The attention sink", plots.sink_plots(analysis), False))
-    figures.append(("Regimes per layer", plots.regime_fractions(analysis.taxonomy), False))
+        figures.append(("The attention sink", "", plots.sink_plots(analysis), False))
+    figures.append(("Regimes per layer", "", plots.regime_fractions(analysis.taxonomy), False))
     if scan is not None:
-        figures.append(("Single-head removal", plots.head_map(analysis, "delta_nll", delta_nll=scan), True))
+        figures.append(("Single-head removal", "", plots.head_map(analysis, "delta_nll", delta_nll=scan), True))
     if pruning is not None:
-        figures.append(("Pruning curves", plots.pruning_plot(pruning), False))
+        figures.append(("Pruning curves", "", plots.pruning_plot(pruning), False))
     if topn:
-        figures.append(("Top-N attention deletion", plots.topn_plot(topn), False))
+        figures.append(("Top-N attention deletion", "", plots.topn_plot(topn), False))
     if streaming is not None:
-        figures.append(("Streaming kv heads (sink + recent window), by order", plots.streaming_plot(streaming), False))
-    return figures + [("Inside one head", fig, False) for fig in drilldowns or []]
-
-
-def _types_section(analysis: Analysis) -> str:
-    """Regimes against TransformerLens's head types, where the run has them."""
-    if analysis.head_types is None:
-        return ""
-    crosstab = analysis.head_types.crosstab(analysis.taxonomy).reset_index()
-    crosstab.columns = [str(c) for c in crosstab.columns]
-    return ("<h2>Regimes against TransformerLens's head types</h2>\n<p>Heads counted by regime and by the "
-            "type whose detect_head score (on BOS + a repeated random sequence) is at least half of what a "
-            "head of that type reaches; see docs/metrics.md, \"Familiar head types\".</p>\n"
-            + _table(crosstab.to_dict(orient="records"), list(crosstab.columns)))
-
-
-def _notes(analysis: Analysis) -> str:
-    """What was not measurable, and what the queries saw (sliding windows, BOS)."""
-    reasons = analysis.geometry.not_measurable()
-    notes = "" if not reasons else "<h2>Not measurable</h2>\n<ul>" + "".join(
-        f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>\n"
-    seen = attention_notes(analysis)
-    return notes + ("" if not seen else "<h2>What the queries saw</h2>\n<ul>" + "".join(
-        f"<li>{html.escape(line)}</li>" for line in seen) + "</ul>\n")
-
-
-def _page(title: str, body: str) -> str:
-    """A self-contained HTML page (plotly inlined) around ``body``; ``title`` is escaped here."""
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }}
-table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
-td, th {{ border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }}
-th {{ background: #f3f3f3; }}
-#tlg-head {{ position: fixed; right: 1em; top: 1em; width: 22em; max-height: 90vh; overflow: auto; background: #fff;
-  border: 1px solid #999; padding: 0.5em; font-size: 0.8em; display: none; }}
-.tlg-plot {{ min-height: 360px; }}
-</style>
-<script>{plotly.offline.get_plotlyjs()}</script>
-</head><body>
-<h1>{html.escape(title)}</h1>
-{body}
-</body></html>
-"""
+        figures.append(("Streaming kv heads (sink + recent window), by order", "", plots.streaming_plot(streaming), False))
+    return figures + _drilldown_figures(analysis, drilldowns or [])
 
 
 def build_comparison(comparison: Comparison, *, title: str | None = None) -> str:
@@ -245,22 +251,20 @@ def build_comparison(comparison: Comparison, *, title: str | None = None) -> str
         rows.append({"": name, "value": f"{settings.get('model', '?')} on {settings.get('corpus', '?')}, "
                                         f"{settings.get('n_windows', '?')} windows × {settings.get('seq_len', '?')} tokens"})
     fractions = c.fractions().reset_index(names="regime")
-    parts = [_table(rows, ["", "value"]), "<h2>Regime shares</h2>",
-             _table([{k: (f"{v:.1%}" if isinstance(v, float) else v) for k, v in row.items()}
-                     for row in fractions.to_dict(orient="records")], list(fractions.columns))]
+    sections = [{"heading": "Regime shares", "html": _frame_html(fractions.map(
+        lambda v: f"{v:.1%}" if isinstance(v, float) else v))}]
     if c.head_by_head:
         counts, shares = c.transition_table(), c.transition_table(shares=True)
-        table = [{"": index, **{col: f"{int(counts.loc[index, col])} ({shares.loc[index, col]:.0%})"
-                                for col in counts.columns}} for index in counts.index]
-        parts += ["<h2>Regime transitions (rows: first, columns: second)</h2>", _table(table, ["", *counts.columns])]
+        table = pd.DataFrame([{"": index, **{col: f"{int(counts.loc[index, col])} ({shares.loc[index, col]:.0%})"
+                                             for col in counts.columns}} for index in counts.index])
         changed = c.changed_heads()
         columns = [col for col in changed.columns if col in ("name", "changed") or col.startswith(("regime_", "delta_gap"))]
-        parts += ["<h2>Heads that changed most</h2>",
-                  _table([{k: (f"{v:+.3f}" if isinstance(v, float) else v) for k, v in row.items()}
-                          for row in changed[columns].to_dict(orient="records")], columns)]
-    parts += [f"<h2>{html.escape(name)}</h2>\n{_figure_block(fig, i)}"
-              for i, (name, fig) in enumerate(plots.comparison_figures(c))]
-    return _page(title, "\n".join(parts))
+        sections += [{"heading": "Regime transitions (rows: first, columns: second)", "html": _frame_html(table)},
+                     {"heading": "Heads that changed most", "html": _frame_html(changed[columns].map(
+                         lambda v: f"{v:+.3f}" if isinstance(v, float) else v))}]
+    figures = [{"heading": name, "html": _figure_html(fig, i)} for i, (name, fig) in enumerate(plots.comparison_figures(c))]
+    return _render("comparison.html.j2", title=title, overview=_frame_html(pd.DataFrame(rows)), sections=sections,
+                   figures=figures)
 
 
 def write_comparison(comparison: Comparison, path: str | Path, **kwargs) -> Path:

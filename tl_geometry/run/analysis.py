@@ -201,7 +201,7 @@ def _settings(config: RunConfig, info: Any, tokens: Tensor, all_windows: int, bo
         **config.to_dict(), "random_repeats": config.random_repeats(int(tokens.shape[1])),
         "model": info.model_name, "model_class": info.model_class, "dtype": info.dtype,
         "transformer_lens": info.transformer_lens_version, "processing": info.processing,
-        "n_windows": all_windows, "seq_len": int(tokens.shape[1]), "bos": bos,
+        "n_windows": all_windows, "seq_len": int(tokens.shape[1]), "bos": bos, "n_kv_heads": info.n_kv_heads,
         "sliding_windows": {str(layer): window for layer, window in sorted(info.sliding_windows.items())},
     }
 

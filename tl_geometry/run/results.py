@@ -6,24 +6,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..errors import TLGeometryError
-from ..heads import head_columns, head_name, parse_head, parse_heads
+from ..heads import head_columns, head_name, kv_to_query_heads, parse_head, parse_heads
 from ..io import check_sealed
 from ..label.head_types import HEAD_TYPES, HEAD_TYPES_FILE, HeadTypes
-from ..label.taxonomy import REGIMES, HeadTaxonomy
+from ..label.taxonomy import REGIME_MEANING, REGIMES, HeadTaxonomy, regime_gloss
 from ..measure.votes import VOTES
 from .geometry import GeometryResult
 
-__all__ = ["Analysis", "FIXED_AT_ONE"]
+__all__ = ["Analysis", "FIXED_AT_ONE", "READABLE_COLUMNS", "PerHead"]
 
 # Euclidean N = 1 selects the aggregate itself: these are 1 (the gap 0) unless contributions coincide.
 FIXED_AT_ONE = frozenset({"f_top", "f_random", "gap", "f_nosink", "f_sink_selected", "f_sink_unselected",
                           "precision_bound", "recall_bound"})
+
+# heads_table()'s default columns, in order (those the run has), before the main F gaps: what each
+# label is and means, how sure it is, the familiar type beside it, and the sink.
+READABLE_COLUMNS = ("name", "regime", "meaning", "share", "share_low", "share_high", "n_votes", "label_uncertain",
+                    "head_type", "dominant_offset", "sink_mass", "norm_ratio")
+
+
+class PerHead(NamedTuple):
+    """A caller's per-head values on the ``[n_layers, n_heads]`` grid, and whether they were given
+    per kv head."""
+
+    tensor: Tensor
+    per_kv: bool
 
 
 @dataclass
@@ -68,30 +81,88 @@ class Analysis:
             line += f"; TransformerLens scores: {scores} ({'no familiar type' if kind == 'other' else kind.replace('_', '-') + ' head'})"
         return line
 
+    def heads_at_a_glance(self, k: int = 3):
+        """The surest heads of each regime (up to ``k``: :meth:`HeadTaxonomy.clearest`), one row each:
+        ``regime`` and its meaning, ``head``, the ``share`` of its queries the label's source wins
+        with its Wilson 95% ``interval``, its ``queries`` (votes), and its TransformerLens
+        ``head type`` where head types are attached (``"—"``: none of the familiar types)."""
+        import pandas as pd
+
+        tax = self.taxonomy
+        low, high = tax.share_interval
+        types = self.head_types.labels() if self.head_types is not None else None
+        rows = []
+        for i, (regime, chosen) in enumerate(tax.clearest(k).items()):
+            for layer, head in chosen:
+                row = {"regime": regime_gloss(regime), "head": head_name(layer, head),
+                       "share": f"{float(tax.shares[layer, head, i]):.0%}",
+                       "95% interval": f"{float(low[layer, head]):.0%}–{float(high[layer, head]):.0%}",
+                       "queries": f"{int(tax.n_votes[layer, head]):,}"}
+                if types is not None:
+                    kind = types[layer, head]
+                    row["head type"] = "—" if kind == "other" else kind.replace("_", "-")
+                rows.append(row)
+        columns = ["regime", "head", "share", "95% interval", "queries", *(["head type"] if types is not None else [])]
+        return pd.DataFrame(rows, columns=columns)
+
+    def uncertain_heads(self) -> list[str]:
+        """Names of the heads whose label could flip within the votes' sampling error."""
+        return [head_name(layer, head) for layer, head in self.taxonomy.label_uncertain.nonzero().tolist()]
+
     def heads_table(self, heads: Any = None, extra: dict[str, Any] | None = None, *, all_columns: bool = False):
-        """One row per head: layer, head, name, regime, vote shares (where sliding windows hid the sink
-        from some voting rows, ``share_sinkless``: their share of the votes), dominant offset (with head types
-        attached: the previous-token / duplicate-token / induction scores and the type), then F_N
-        top-N / random / gap per N and, when measured, the sink statistics; ``n_votes``,
-        ``share_low``/``share_high`` (the Wilson 95% interval of the winning share) and
-        ``label_uncertain`` (the runner-up's interval reaches it) say what each label rests on. A DataFrame whose rows
-        are layer-major (L0H0, L0H1, …, the order of TransformerLens's flat head index); ``heads``
-        keeps those heads only, in their order (pairs, ``"L3H4"`` names, flat indices, a boolean
-        ``[n_layers, n_heads]`` mask: ``heads.parse_heads``). ``extra`` joins columns of your own by
-        head, whatever ``heads`` selects: ``{"patch": tensor}`` with a ``[n_layers, n_heads]``
-        tensor (or its flat ``[n_layers·n_heads]`` form), e.g. an activation-patching result.
-        Columns fixed by the definition are left out unless ``all_columns=True`` (the run folder's
-        heads.csv keeps them): in a Euclidean run the ``@1`` columns of F (top, random, without the
-        sink, sink selected or not), the gap and the certificates, which are 1 (the gap 0) unless
-        two contributions coincide (docs/metrics.md). ``frame.attrs`` says whether the windows
-        start with BOS (``bos``, ``windows_without_bos``) and which layers slide
-        (``sliding_windows``)."""
+        """One row per head, readable at a glance: ``name``, ``regime`` and its ``meaning``, the
+        winning vote ``share`` with its Wilson 95% interval (``share_low``, ``share_high``) and
+        ``n_votes``, ``label_uncertain`` (the runner-up's interval reaches it: the label could flip
+        with other text), ``head_type`` (TransformerLens's, with head types attached), the
+        ``dominant_offset`` of its ``other`` winners, the sink's mean ``sink_mass`` and
+        ``norm_ratio``, and the top-N minus random F gap at the two smallest N above 1.
+
+        ``all_columns=True`` gives every column (the run folder's heads.csv): ``layer``, ``head``,
+        every vote share (and ``share_sinkless`` where sliding windows hid the sink from some voting
+        rows), the head-type scores, F_N top-N / random / gap per N, the sink statistics and the
+        certified bounds; it keeps too the columns a Euclidean run fixes by definition (the ``@1``
+        columns of F, the gap and the certificates: 1, the gap 0, unless two contributions
+        coincide; docs/metrics.md), left out otherwise. Rows are layer-major (L0H0, L0H1, …,
+        TransformerLens's flat head index); ``heads`` keeps those heads only, in their order (pairs,
+        ``"L3H4"`` names, flat indices, a boolean ``[n_layers, n_heads]`` mask). ``extra`` joins
+        columns of your own by head, whatever ``heads`` selects: ``{"patch": tensor}`` with one
+        value per head (``[n_layers, n_heads]`` or flat, layer-major) or per kv head
+        (``[n_layers, n_kv_heads]`` under GQA: each query head gets its kv head's value, said in
+        ``frame.attrs["per_kv_head"]``), e.g. an activation-patching result. ``frame.attrs`` says
+        too what the labels rest on (``basis``), whether the windows start with BOS (``bos``,
+        ``windows_without_bos``) and which layers slide (``sliding_windows``)."""
+        import pandas as pd
+
+        layers, heads_per_layer = self.taxonomy.shape
+        table = self._columns(all_columns)
+        per_kv = []
+        for name, values in (extra or {}).items():
+            if name in table:
+                raise TLGeometryError(f"extra column {name!r} is one of the table's own: name it otherwise.")
+            per_head = self.per_head(values, f"extra[{name!r}]")
+            table[name] = per_head.tensor.reshape(-1).numpy()
+            per_kv += [name] if per_head.per_kv else []
+        frame = pd.DataFrame(table)
+        geo = self.geometry
+        frame.attrs.update(basis=self.taxonomy.basis, bos=geo.bos_line(), windows_without_bos=geo.windows_without_bos,
+                           sliding_windows=dict(geo.settings.get("sliding_windows") or {}))
+        if per_kv:
+            frame.attrs["per_kv_head"] = (f"{', '.join(per_kv)}: one value per kv head, given to each query head "
+                                          f"that reads it (query head h reads kv head h // {self._group()})")
+        if heads is None:
+            return frame
+        return frame.iloc[[a * heads_per_layer + b for a, b in parse_heads(heads, layers, heads_per_layer)]]
+
+    def _columns(self, all_columns: bool) -> dict[str, Any]:
+        """The heads table's columns by name: every one, or the readable few (:meth:`heads_table`)."""
         import pandas as pd
 
         geo, tax = self.geometry, self.taxonomy
         layers, heads_per_layer = tax.shape
         table: dict[str, Any] = head_columns(layers, heads_per_layer)
         table["regime"] = tax.labels.reshape(-1)
+        table["meaning"] = [REGIME_MEANING[regime] for regime in table["regime"]]
+        table["share"] = tax.shares.amax(-1).reshape(-1).double().numpy()
         for i, vote in enumerate(VOTES):
             table[f"share_{vote}"] = tax.shares[..., i].reshape(-1).double().numpy()
         # the label's evidence: its votes, the Wilson 95% interval of the winning share, and whether
@@ -119,28 +190,31 @@ class Analysis:
             for index, n in enumerate(geo.n):
                 if all_columns or not (n == 1 and metric in FIXED_AT_ONE and geo.settings.get("distance") == "euclidean"):
                     table[f"{metric}@{n}"] = values[:, index].double().numpy()
-        for name, values in (extra or {}).items():
-            if name in table:
-                raise TLGeometryError(f"extra column {name!r} is one of the table's own: name it otherwise.")
-            table[name] = self._per_head(values, f"extra[{name!r}]").reshape(-1).numpy()
-        frame = pd.DataFrame(table)
-        frame.attrs.update(bos=geo.bos_line(), windows_without_bos=geo.windows_without_bos,
-                           sliding_windows=dict(geo.settings.get("sliding_windows") or {}))
-        if heads is None:
-            return frame
-        return frame.iloc[[a * heads_per_layer + b for a, b in parse_heads(heads, layers, heads_per_layer)]]
+        if all_columns:
+            return table
+        main_gaps = [f"gap@{n}" for n in [n for n in geo.n if n > 1][:2]]
+        return {name: table[name] for name in (*READABLE_COLUMNS, *main_gaps) if name in table}
 
-    def _per_head(self, values: Any, what: str) -> Tensor:
-        """A per-head quantity of the caller's as a float64 ``[n_layers, n_heads]`` tensor (from that
-        shape or the flat, layer-major ``[n_layers·n_heads]``), or one line saying what fits."""
+    def _group(self) -> int:
+        """Query heads per kv head (1 without GQA; the run's settings record the kv heads)."""
+        return self.taxonomy.shape[1] // int(self.geometry.settings.get("n_kv_heads") or self.taxonomy.shape[1])
+
+    def per_head(self, values: Any, what: str = "values") -> PerHead:
+        """A per-head quantity of the caller's on the ``[n_layers, n_heads]`` grid (float64), from that
+        shape, the flat layer-major ``[n_layers·n_heads]``, or one value per kv head (``[n_layers,
+        n_kv_heads]`` or flat) under GQA; else one line saying what fits, naming ``what``."""
         layers, heads = self.taxonomy.shape
+        kv = heads // self._group()
         tensor = torch.as_tensor(values).detach().cpu()
-        if tensor.is_complex() or tensor.dtype == torch.bool or tensor.numel() != layers * heads or (
-                tensor.ndim == 2 and tuple(tensor.shape) != (layers, heads)) or tensor.ndim not in (1, 2):
-            raise TLGeometryError(f"{what} must be one number per head, [n_layers, n_heads] = [{layers}, {heads}] "
-                                  f"(or flat [{layers * heads}], layer-major); got shape {list(tensor.shape)}"
-                                  f"{'' if tensor.dtype != torch.bool else ' of booleans'}.")
-        return tensor.double().reshape(layers, heads)
+        real = not (tensor.is_complex() or tensor.dtype == torch.bool)
+        for width, per_kv in {heads: False, kv: True}.items():  # one entry without GQA
+            if real and tensor.numel() == layers * width and (tensor.ndim == 1 or tuple(tensor.shape) == (layers, width)):
+                tensor = tensor.double().reshape(layers, width)
+                return PerHead(kv_to_query_heads(tensor, heads) if per_kv else tensor, per_kv)
+        kv_too = f" or per kv head [{layers}, {kv}]" if kv != heads else ""
+        raise TLGeometryError(f"{what} must be one number per head, [n_layers, n_heads] = [{layers}, {heads}] "
+                              f"(or flat [{layers * heads}], layer-major){kv_too}; got shape {list(tensor.shape)}"
+                              f"{'' if real else ' of booleans' if tensor.dtype == torch.bool else ' of complex numbers'}.")
 
     def regime_means(self, metric: str | Any):
         """A per-head quantity aggregated within each regime. ``metric`` a geometry metric's name
@@ -151,7 +225,7 @@ class Analysis:
         import pandas as pd
 
         if not isinstance(metric, str):
-            values = self._per_head(metric, "regime_means' tensor")
+            values = self.per_head(metric, "regime_means' tensor").tensor
             ids = self.taxonomy.label_ids
             rows = {}
             for i, regime in enumerate(REGIMES):
