@@ -88,9 +88,9 @@ def test_attached_head_types_join_the_table_profile_and_saved_run(tiny_model, tm
         res.with_head_types({"induction": 1})
     with pytest.raises(TLGeometryError, match="do not fit"):
         res.with_head_types(HeadTypes(*(getattr(types, k)[:1] for k in HEAD_TYPES)))
-    assert res.head_types is None and "induction" not in res.heads_table().columns
+    assert res.head_types is None and "induction" not in res.heads_table(all_columns=True).columns
     typed = res.with_head_types(types)
-    table = typed.heads_table()
+    table = typed.heads_table(all_columns=True)
     for kind in HEAD_TYPES:
         assert np.array_equal(table[kind].to_numpy(), getattr(types, kind).reshape(-1).numpy())
     assert table["head_type"].tolist() == types.labels().reshape(-1).tolist()

@@ -100,4 +100,27 @@ def test_each_label_says_its_votes_interval_and_whether_it_could_flip():
         assert (float(low[0, head]), float(high[0, head])) == pytest.approx(roots, abs=1e-12)
     assert torch.isnan(low[0, 3]) and torch.isnan(high[0, 3])
     assert tax.label_uncertain.tolist() == [[True, False, True, True]]
-    assert "0–40 votes per head, 3 labels within the 95% interval of the runner-up" in repr(tax)
+    assert "0–40 votes per head from the analysed windows, 3 labels within the 95% interval of the runner-up" in repr(tax)
+
+
+def test_labels_are_said_with_their_meaning_and_the_surest_heads_come_first():
+    from tl_geometry.label.taxonomy import REGIME_MEANING, regime_gloss
+
+    votes = torch.tensor([[[300, 0, 0], [1, 2, 2], [5, 90, 5], [0, 0, 0], [60, 30, 10], [0, 9, 1]]])
+    settings = {"n_windows": 8, "seq_len": 256, "corpus": "python-reference", "queries": "last"}
+    tax = HeadTaxonomy.from_votes(votes, settings=settings)
+    assert regime_gloss("mixer") == "mixer: the sink wins"
+    assert regime_gloss("reset", familiar=True) == "reset: another token wins (previous-token, induction and name-mover heads)"
+    assert regime_gloss("retriever", familiar=True) == "retriever: the current token wins"  # no familiar type
+    assert tax.describe_head(0, 2) == "L0H2, a mixer: the sink wins 90% of its 100 queries"
+    assert tax.describe_head(0, 0) == "L0H0, a retriever: the current token wins 100% of its 300 queries"
+    assert tax.describe_head(0, 1) == "L0H1, a reset: no source wins most of its 5 queries (a tie)"
+    assert tax.describe_head(0, 3) == "L0H3, a reset: no query voted"
+    assert tax.basis == "8 windows × 256 tokens of python-reference, last queries"
+    assert all(f"{r}: {m}" in repr(tax) for r, m in REGIME_MEANING.items()) and tax.basis in repr(tax)
+    # ordered by the lower end of the winner's Wilson interval: 300/300 before 60/100; 9/10 (low
+    # 0.60) after 90/100 (low 0.83); the tie and the empty head are uncertain, never listed
+    low, _ = tax.share_interval
+    assert float(low[0, 2]) > float(low[0, 5]) and not bool(tax.label_uncertain[0, 5])
+    assert tax.clearest(3) == {"retriever": [(0, 0), (0, 4)], "mixer": [(0, 2), (0, 5)], "reset": []}
+    assert tax.clearest(1) == {"retriever": [(0, 0)], "mixer": [(0, 2)], "reset": []}

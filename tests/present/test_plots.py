@@ -13,6 +13,7 @@ import torch
 
 import tl_geometry as tlg
 from tl_geometry import plots
+from tl_geometry.label.taxonomy import regime_gloss
 from tl_geometry.errors import TLGeometryError
 from tl_geometry.label.taxonomy import REGIMES
 
@@ -34,9 +35,10 @@ def test_regime_map_is_a_categorical_heatmap_with_a_legend(res):
     fig = plots.head_map(res, "regime")
     heat = fig.data[0]
     assert heat.type == "heatmap" and torch.equal(as_tensor(heat.z), res.taxonomy.label_ids.double())
-    assert heat.customdata[2][3] == "L2H3" and "regime: " + res.taxonomy.labels[2, 3] in heat.text[2][3]
+    assert heat.customdata[2][3] == "L2H3" and f"L2H3</b>: {regime_gloss(res.taxonomy.labels[2, 3])}<br>" in heat.text[2][3]
     legend = [(t.name, t.marker.color) for t in fig.data[1:]]
-    assert legend == [(r, plots.REGIME_COLORS[r]) for r in REGIMES]
+    assert legend == [(regime_gloss(r), plots.REGIME_COLORS[r]) for r in REGIMES]  # each label with its meaning
+    assert fig.layout.legend.x > 1  # beside the grid, clear of the title above it
     # the step colour scale maps label i to colour i
     scale = heat.colorscale
     for i, regime in enumerate(REGIMES):
@@ -67,7 +69,7 @@ def test_any_per_head_tensor_is_mapped_with_its_title_and_signed_values_diverge(
     torch.testing.assert_close(as_tensor(fig.data[0].z), scores.double())
     positive = plots.head_map(res, scores.abs(), title="|score|")
     assert positive.data[0].zmid is None
-    with pytest.raises(TLGeometryError, match=r"real \[n_layers, n_heads\]"):
+    with pytest.raises(TLGeometryError, match=r"one number per head, \[n_layers, n_heads\]"):
         plots.head_map(res, torch.zeros(layers + 1, heads))
 
 
@@ -75,8 +77,8 @@ def test_any_per_head_tensor_is_mapped_with_its_title_and_signed_values_diverge(
                          ids=["too small", "an extra axis", "booleans"])
 def test_a_scan_of_the_wrong_shape_is_one_line(res, delta_nll):
     for color in ("delta_nll", "regime"):  # the hover text reads it whatever the colour
-        with pytest.raises(TLGeometryError, match=r"delta_nll \(single_head_scan's result\) must be a real "
-                                                  r"\[n_layers, n_heads\] = \[3, 4\] tensor"):
+        with pytest.raises(TLGeometryError, match=r"delta_nll \(single_head_scan's result\) must be one number per "
+                                                  r"head, \[n_layers, n_heads\] = \[3, 4\]"):
             plots.head_map(res, color, delta_nll=delta_nll)
 
 

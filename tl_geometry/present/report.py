@@ -149,7 +149,7 @@ def build_report(
     types = None
     if analysis.head_types is not None:
         crosstab = analysis.head_types.crosstab(analysis.taxonomy).reset_index()
-        types = _frame_html(crosstab.rename(columns=str))
+        types = _frame_html(crosstab.set_axis([str(c) for c in crosstab.columns], axis=1))
     return _render(
         "report.html.j2", title=title, basis=f"Labels from {analysis.taxonomy.basis}.", regimes=regimes,
         head_map=_figure_html(plots.head_map(analysis, "regime", delta_nll=scan).update_layout(width=640), 0, head_map=True),

@@ -19,11 +19,7 @@ from ..label.taxonomy import REGIME_MEANING, REGIMES, HeadTaxonomy, regime_gloss
 from ..measure.votes import VOTES
 from .geometry import GeometryResult
 
-__all__ = ["Analysis", "FIXED_AT_ONE", "READABLE_COLUMNS", "PerHead"]
-
-# Euclidean N = 1 selects the aggregate itself: these are 1 (the gap 0) unless contributions coincide.
-FIXED_AT_ONE = frozenset({"f_top", "f_random", "gap", "f_nosink", "f_sink_selected", "f_sink_unselected",
-                          "precision_bound", "recall_bound"})
+__all__ = ["Analysis", "READABLE_COLUMNS", "PerHead"]
 
 # heads_table()'s default columns, in order (those the run has), before the main F gaps: what each
 # label is and means, how sure it is, the familiar type beside it, and the sink.
@@ -115,14 +111,14 @@ class Analysis:
         ``n_votes``, ``label_uncertain`` (the runner-up's interval reaches it: the label could flip
         with other text), ``head_type`` (TransformerLens's, with head types attached), the
         ``dominant_offset`` of its ``other`` winners, the sink's mean ``sink_mass`` and
-        ``norm_ratio``, and the top-N minus random F gap at the two smallest N above 1.
+        ``norm_ratio``, and the top-N minus random F gap at the two smallest N measured (in a
+        Euclidean run N = 1 is not: its gap is 0 by definition).
 
         ``all_columns=True`` gives every column (the run folder's heads.csv): ``layer``, ``head``,
         every vote share (and ``share_sinkless`` where sliding windows hid the sink from some voting
         rows), the head-type scores, F_N top-N / random / gap per N, the sink statistics and the
-        certified bounds; it keeps too the columns a Euclidean run fixes by definition (the ``@1``
-        columns of F, the gap and the certificates: 1, the gap 0, unless two contributions
-        coincide; docs/metrics.md), left out otherwise. Rows are layer-major (L0H0, L0H1, …,
+        certified bounds (a Euclidean run's ``@1`` columns too, which its definition fixes: F = 1,
+        the gap 0, unless two contributions coincide; docs/metrics.md). Rows are layer-major (L0H0, L0H1, …,
         TransformerLens's flat head index); ``heads`` keeps those heads only, in their order (pairs,
         ``"L3H4"`` names, flat indices, a boolean ``[n_layers, n_heads]`` mask). ``extra`` joins
         columns of your own by head, whatever ``heads`` selects: ``{"patch": tensor}`` with one
@@ -188,12 +184,12 @@ class Analysis:
         for metric in by_n:
             values = geo.mean(metric).reshape(layers * heads_per_layer, -1)
             for index, n in enumerate(geo.n):
-                if all_columns or not (n == 1 and metric in FIXED_AT_ONE and geo.settings.get("distance") == "euclidean"):
-                    table[f"{metric}@{n}"] = values[:, index].double().numpy()
+                table[f"{metric}@{n}"] = values[:, index].double().numpy()
         if all_columns:
             return table
-        main_gaps = [f"gap@{n}" for n in [n for n in geo.n if n > 1][:2]]
-        return {name: table[name] for name in (*READABLE_COLUMNS, *main_gaps) if name in table}
+        # Euclidean N = 1 selects the aggregate itself: its gap is 0 by definition (docs/metrics.md)
+        measured = [n for n in geo.n if not (n == 1 and geo.settings.get("distance") == "euclidean")]
+        return {name: table[name] for name in (*READABLE_COLUMNS, *(f"gap@{n}" for n in measured[:2])) if name in table}
 
     def _group(self) -> int:
         """Query heads per kv head (1 without GQA; the run's settings record the kv heads)."""
