@@ -28,7 +28,12 @@ def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
     fig = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", 3, 1, n=2)
     text = fig.to_json()
     assert "<script" not in text and "&lt;" in text  # token pieces of the tag arrive escaped
-    assert fig.layout.title.text.startswith("L3H1, N=2: P=")
+    t = len(fig.data[0].x) - 1
+    assert fig.layout.title.text.startswith(f"L3H1 at query {t}, N=2: P=")
+    norms = [float(re.search(r"‖y‖=([\d.]+)", hover)[1]) for hover in fig.data[0].hovertext]
+    w = norms.index(max(norms))  # the query's vote: the source of its largest contribution
+    assert fig.layout.meta == {"head": "L3H1", "query": t, "n": 2,
+                               "winner": "current" if w == t else "sink" if w == 0 else "other"}
     bars, selected, unselected = fig.data[0], fig.data[1], fig.data[2]
     assert bars.x[2].startswith("2: ␣") and all(": " in label for label in bars.x)  # tokens, spaces visible
     distances = sorted([*zip(selected.x, selected.y, strict=True), *zip(unselected.x, unselected.y, strict=True)])
@@ -42,8 +47,12 @@ def test_drilldown_on_a_real_model_escapes_tokens(smollm2):
     positions = {a.text: (a.xanchor, a.yanchor) for a in fig.layout.annotations if a.text in ("ρ_max", "ρ_min")}
     assert len(positions) == 2 and positions["ρ_max"] != positions["ρ_min"]  # the labels do not sit on each other
     # the certificate's line, never above what the picture shows
-    found = re.search(r"precision ≥ ([\d.]+), recall ≥ ([\d.]+)", fig.layout.title.text)
-    assert found or "proves nothing" in fig.layout.title.text
+    found = re.search(r"certified lower bounds P ≥ ([\d.]+), R ≥ ([\d.]+)", fig.layout.title.text)
+    assert found or "no certified bound above the trivial" in fig.layout.title.text
+    margin = float(re.search(r"ρ_max = ([+−-][\d.]+)", fig.layout.title.text)[1].replace("−", "-"))
+    assert margin == pytest.approx(rho_min - rho_max, abs=0.0005)
+    assert ("≥ 0: the selected sources are exactly" in fig.layout.title.text) == (margin >= 0)
+    assert fig.layout.legend.x > 1  # beside the panels, clear of their titles
     if found:
         assert float(found[1]) <= p + 0.005 and float(found[2]) <= r + 0.005
     same = plots.head_drilldown(smollm2, "Attention sinks <script>alert(1)</script> are \"quoted\" here.", "L3H1", n=2)

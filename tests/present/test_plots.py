@@ -13,9 +13,8 @@ import torch
 
 import tl_geometry as tlg
 from tl_geometry import plots
-from tl_geometry.label.taxonomy import regime_gloss
 from tl_geometry.errors import TLGeometryError
-from tl_geometry.label.taxonomy import REGIMES
+from tl_geometry.label.taxonomy import REGIMES, regime_gloss
 
 from ..tiny import random_tokens, tiny_model
 from .colour_vision import deuteranope

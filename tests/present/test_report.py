@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
-from html.parser import HTMLParser
 import subprocess
+from html.parser import HTMLParser
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -15,6 +16,7 @@ import torch
 import tl_geometry as tlg
 from tl_geometry import plots
 from tl_geometry.intervene.pruning import TopNDeletion
+from tl_geometry.label.taxonomy import REGIME_MEANING, REGIMES, regime_gloss
 from tl_geometry.present.report import build_report, script_safe_json, write_report
 
 from ..tiny import random_tokens, tiny_model
@@ -98,6 +100,38 @@ def test_report_renders_in_headless_chromium(analysis, tmp_path):
     subprocess.run([*common, "--window-size=1400,2400", f"--screenshot={shot}", path.as_uri()],
                    capture_output=True, timeout=120, check=True)
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+def test_the_first_screen_answers_which_heads_do_what(analysis, tmp_path):
+    """In a 1400 × 900 browser window, before any scrolling: the regime map with each label's
+    meaning in its legend, the reading guide and the heads at a glance; settings and claims folded."""
+    res, extras = analysis
+    page = build_report(res, **extras)
+    measure = """<script>setTimeout(function () {
+      var seen = [];
+      document.querySelectorAll('h2, h3, .legendtext, .tlg-guide dd, table').forEach(function (el) {
+        var box = el.getBoundingClientRect();
+        if (box.width > 0 && box.bottom <= 900 && box.right <= 1400) seen.push(el.tagName + ': ' + el.textContent.replace(/\\s+/g, ' ').trim().slice(0, 80));
+      });
+      var out = document.createElement('pre'); out.id = 'tlg-seen'; out.textContent = seen.join('\\n');
+      document.body.appendChild(out);
+    }, 1500);</script></body>"""
+    path = tmp_path / "report.html"
+    path.write_text(page.replace("</body>", measure), encoding="utf-8")
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000",
+                          "--window-size=1400,900", "--dump-dom", path.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    seen = html.unescape(re.search(r'<pre id="tlg-seen">(.*?)</pre>', dom, re.S).group(1)).splitlines()
+    assert seen[0] == "H2: What the heads do"
+    for regime in REGIMES:
+        assert f"text: {regime_gloss(regime)}" in seen  # the map's legend (svg text)
+        assert any(line.startswith("DD: ") and f"{regime}: {REGIME_MEANING[regime]}" in line for line in seen)
+    assert "H3: Heads at a glance: the surest of each regime" in seen
+    assert any(line.startswith("TABLE: regime head share 95% interval queries head type") for line in seen)
+    folded = re.findall(r"<details><summary>(.*?)</summary>", dom)
+    assert folded == ["Run settings", "Claims of the paper and what this run measured"]
 
 
 def test_head_rows_hold_json_nulls_and_booleans(analysis):

@@ -11,5 +11,7 @@ REGIME_COLORS = {"retriever": "#0072B2", "mixer": "#E69F00", "reset": "#CC79A7"}
 
 
 def safe_text(text: Any) -> str:
-    """HTML-escaped string (quotes included): safe inside plotly text and any HTML attribute."""
-    return html.escape(str(text), quote=True)
+    """A string for plotly's text (hover, ticks, legends, titles), which reads a subset of HTML:
+    ``<``, ``>`` and ``&`` escaped so no tag opens; quotes kept, since plotly shows ``&quot;`` as
+    those six characters."""
+    return html.escape(str(text), quote=False)
