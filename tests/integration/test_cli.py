@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import pytest
@@ -316,7 +317,9 @@ def test_prune_and_report_fill_the_same_run(capsys, smollm2, tmp_path):
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert capsys.readouterr().out.strip() == str((out / "report.html").resolve())
-    assert "Pruning curves" in page and "Single-head removal" in page and "Inside one head" in page
+    assert "Pruning curves" in page and "Single-head removal" in page
+    # the drill-downs, headed by their head and regime in words
+    assert re.search(r"<h2>L\d+H\d+, a (retriever|mixer|reset): (the current token|the sink|another token) wins", page)
     assert main(["report", str(tmp_path / "nothing")]) == 2
 
 
@@ -463,22 +466,32 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(finished_ru
 
 
 @pytest.mark.parametrize("gap, said", [(1e-7, False), (0.012, True)])
-def test_an_n1_gap_is_explained_only_when_it_shows(gap, said, monkeypatch):
-    from types import SimpleNamespace
-
+def test_the_summary_names_heads_and_says_n1_only_when_it_shows(gap, said):
+    """N = 1 (F = 1 by definition in a Euclidean run) is left out unless its gap shows; each regime
+    is said with its meaning and its surest heads, and the uncertain labels are named."""
     import pandas as pd
 
+    import tl_geometry as tlg
     from tl_geometry.cli.commands import _say_results
+    from tl_geometry.heads import head_name
+    from tl_geometry.label.taxonomy import regime_gloss
 
+    from ..tiny import random_tokens, tiny_model
+
+    res = tlg.analyze(tiny_model(4, 2), random_tokens(3, 12, seed=4), (1, 2), repeats=1, bootstrap=5, progress=False)
     summary = pd.DataFrame({"n": [1, 2], "f_top": [1.0, 0.7], "f_top_low": [1.0, 0.6], "f_top_high": [1.0, 0.8],
                             "f_random": [1.0 - gap, 0.3], "gap": [gap, 0.4], "gap_low": [gap, 0.3], "gap_high": [gap, 0.5]})
-    fractions = pd.DataFrame({"retriever": [0.1], "mixer": [0.3], "reset": [0.6]})
-    analysis = SimpleNamespace(geometry=SimpleNamespace(summary=lambda: summary, not_measurable=lambda: []),
-                               taxonomy=SimpleNamespace(fractions=lambda: fractions))
-    monkeypatch.setattr("tl_geometry.present.report.attention_notes", lambda analysis: [])  # a stand-in analysis
+    res.geometry.summary = lambda: summary  # the figures of a run whose N = 1 gap is `gap`
     lines = []
-    _say_results(analysis, "last", lines.append)
+    _say_results(res, "last", lines.append)
     assert any("N=1 gap above 0" in line for line in lines) == said
+    assert any(line.startswith("  N=1 ") for line in lines) == said
+    assert any("N=1 left out: F = 1 by definition" in line for line in lines) == (not said)
+    for regime, heads in res.taxonomy.clearest(3).items():
+        line = next(line for line in lines if regime_gloss(regime, familiar=True) in line)
+        assert all(head_name(*head) in line for head in heads) and ("surest: " in line) == bool(heads)
+    uncertain = res.uncertain_heads()
+    assert any(line.startswith(f"  {len(uncertain)} uncertain label") and uncertain[0] in line for line in lines) == bool(uncertain)
 
 
 @pytest.mark.slow

@@ -124,3 +124,5 @@ def test_labels_are_said_with_their_meaning_and_the_surest_heads_come_first():
     assert float(low[0, 2]) > float(low[0, 5]) and not bool(tax.label_uncertain[0, 5])
     assert tax.clearest(3) == {"retriever": [(0, 0), (0, 4)], "mixer": [(0, 2), (0, 5)], "reset": []}
     assert tax.clearest(1) == {"retriever": [(0, 0)], "mixer": [(0, 2)], "reset": []}
+    assert tax.clearest(3, uncertain=True) == {"retriever": [(0, 0), (0, 4)], "mixer": [(0, 2), (0, 5)],
+                                               "reset": [(0, 1)]}  # the tie; the head without votes never

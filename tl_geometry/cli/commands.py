@@ -27,9 +27,9 @@ __all__ = ["analyze_command", "analyze_interrupted", "report_command", "compare_
 
 def _drilldowns(model, analysis, windows) -> dict[str, str]:
     """Drill-down figures (JSON by regime) on the first window's text: for each regime, the surest
-    head (:meth:`~tl_geometry.Analysis.heads_at_a_glance`'s order) whose last query votes as its label
-    does, so the example shows what the label means; saved so ``tl-geometry report`` can rebuild
-    the page without the model."""
+    head (:meth:`~tl_geometry.HeadTaxonomy.clearest`; uncertain ones only after every sure one) whose
+    last query votes as its label does, so the example shows what the label means; saved so
+    ``tl-geometry report`` can rebuild the page without the model."""
     from ..label.taxonomy import REGIMES
     from ..measure.votes import VOTES
     from ..present.drilldown import head_drilldown
@@ -40,7 +40,7 @@ def _drilldowns(model, analysis, windows) -> dict[str, str]:
     if n < 1:
         return {}
     figures = {}
-    for regime, heads in analysis.taxonomy.clearest(k=8).items():
+    for regime, heads in analysis.taxonomy.clearest(k=8, uncertain=True).items():
         for layer, head in heads:
             fig = head_drilldown(model, text, layer, head, n=n)
             if fig.layout.meta["winner"] == VOTES[REGIMES.index(regime)]:

@@ -108,15 +108,17 @@ class HeadTaxonomy:
         share = float(self.shares[layer, head, REGIMES.index(regime)])
         return f"{head_name(layer, head)}, a {regime}: {REGIME_MEANING[regime]} {share:.0%} of its {votes:,} queries"
 
-    def clearest(self, k: int = 3) -> dict[str, list[tuple[int, int]]]:
+    def clearest(self, k: int = 3, *, uncertain: bool = False) -> dict[str, list[tuple[int, int]]]:
         """Up to ``k`` heads of each regime, the surest first: ordered by the lower end of the
-        Wilson 95% interval of their winning share; uncertain labels left out."""
+        Wilson 95% interval of their winning share; uncertain labels left out, or with
+        ``uncertain=True`` after the sure ones (heads without votes never)."""
         low, _ = self.share_interval
-        sure = low.nan_to_num(-1.0).where(~self.label_uncertain, -1.0)
+        # an uncertain label scores in [-1, 0) (its order kept), a sure one in [0, 1], none -2
+        sure = low.where(~self.label_uncertain, low - 1 if uncertain else torch.nan).nan_to_num(-2.0)
         chosen = {}
         for i, regime in enumerate(REGIMES):
-            score = sure.where(self.label_ids == i, -1.0).flatten()
-            order = [int(x) for x in score.argsort(descending=True, stable=True)[:k] if float(score[x]) >= 0]
+            score = sure.where(self.label_ids == i, -2.0).flatten()
+            order = [int(x) for x in score.argsort(descending=True, stable=True)[:k] if float(score[x]) >= -1]
             chosen[regime] = [divmod(x, self.shape[1]) for x in order]
         return chosen
 

@@ -154,7 +154,8 @@ def build_report(
         "report.html.j2", title=title, basis=f"Labels from {analysis.taxonomy.basis}.", regimes=regimes,
         head_map=_figure_html(plots.head_map(analysis, "regime", delta_nll=scan).update_layout(width=640), 0, head_map=True),
         glance=_frame_html(analysis.heads_at_a_glance()), uncertain=_uncertain_line(uncertain, analysis),
-        notes=analysis.geometry.not_measurable() + attention_notes(analysis), types=types,
+        notes=[f"Not measurable (NaN): {reason}" for reason in analysis.geometry.not_measurable()]
+        + attention_notes(analysis), types=types,
         heads_json=script_safe_json(head_rows), show_head=_SHOW_HEAD,
         figures=[{"heading": heading, "caption": caption, "html": _figure_html(fig, i, is_map)}
                  for i, (heading, caption, fig, is_map) in enumerate(figures, start=1)],
@@ -205,8 +206,8 @@ def _drilldown_figures(analysis: Analysis, drilldowns: list[go.Figure]) -> list[
         except TLGeometryError:
             entries.append(("One head up close", "", fig, False))
             continue
-        entries.append((analysis.taxonomy.describe_head(layer, head),
-                        _DRILLDOWN_CAPTIONS.get(analysis.taxonomy.labels[layer, head], ""), fig, False))
+        caption = f"{analysis.head_profile((layer, head))}. {_DRILLDOWN_CAPTIONS[analysis.taxonomy.labels[layer, head]]}"
+        entries.append((analysis.taxonomy.describe_head(layer, head), caption, fig, False))
     return entries
 
 
