@@ -1,4 +1,6 @@
-"""Refresh the signature and summary line of every ``### `name``` entry of docs/api.md from the code.
+"""Refresh the signature and summary of every ``### `name``` entry of docs/api.md, and of every
+``- `folder.name(...)` — summary`` bullet, from the code: the summary is the docstring's whole
+first paragraph, so no sentence is cut (tests/integration/test_docs.py checks the page is current).
 
     .venv/bin/python scripts/update_api_reference.py
 
@@ -16,6 +18,7 @@ import tl_geometry
 
 API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 ENTRY = re.compile(r"### `(?P<name>[A-Za-z_.]+)`\n\n```text\n(?P<signature>.*?)\n```\n\n(?P<summary>[^\n]*)\n")
+BULLET = re.compile(r"^- `(?P<name>[a-z_]+\.[a-z_]+)\(.*?` — (?P<summary>.*)$", re.M)
 
 
 def describe(name: str) -> tuple[str, str] | None:
@@ -31,17 +34,28 @@ def describe(name: str) -> tuple[str, str] | None:
     return signature, summary
 
 
-def main() -> None:
-    text = API.read_text(encoding="utf-8")
+def refreshed(text: str) -> str:
+    """``text`` (docs/api.md) with every entry's and bullet's signature and summary from the code."""
 
-    def refresh(match: re.Match) -> str:
+    def entry(match: re.Match) -> str:
         found = describe(match["name"])
         if found is None:
             return match[0]
         signature, summary = found
         return f"### `{match['name']}`\n\n```text\n{signature}\n```\n\n{summary}\n"
 
-    text = ENTRY.sub(refresh, text)
+    def bullet(match: re.Match) -> str:
+        found = describe(match["name"])
+        if found is None:
+            return match[0]
+        signature, summary = found
+        return f"- `{match['name'].rpartition('.')[0]}.{signature}` — {summary}"
+
+    return BULLET.sub(bullet, ENTRY.sub(entry, text))
+
+
+def main() -> None:
+    text = refreshed(API.read_text(encoding="utf-8"))
     API.write_text(text, encoding="utf-8")
     public = [*tl_geometry.__all__, *(f"{folder}.{name}" for folder in ("capture", "intervene")
                                       for name in getattr(tl_geometry, folder).__all__)]

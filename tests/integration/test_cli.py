@@ -585,3 +585,14 @@ def test_a_notebook_saved_run_of_a_bundled_model_needs_no_model_flag(tmp_path):
     analysis = dataclasses.replace(analysis, geometry=dataclasses.replace(analysis.geometry, settings=named))
     analysis.save(tmp_path / "run")
     assert _finished_run(argparse.Namespace(run=str(tmp_path / "run"), model=None))[2] == "smollm2-135m"
+
+
+@pytest.mark.parametrize("command", [[], ["analyze"], ["prune", "x"], ["stream", "x"], ["report", "x"], ["compare", "a", "b"]])
+def test_help_is_plain_text(command, capsys):
+    """--help speaks to users: no reST markup from the docstrings (``x``, :class:), the labels' meanings."""
+    with pytest.raises(SystemExit):
+        main([*command[:1], "--help"])
+    out = capsys.readouterr().out
+    assert "`" not in out and ":class:" not in out and ":func:" not in out, out
+    if not command:
+        assert "mixer (the sink wins)" in " ".join(out.split())

@@ -35,6 +35,22 @@ def test_every_public_name_is_in_the_api_reference():
     assert sorted(listed) == sorted(public), "docs/api.md lists names that are not public"
 
 
+def test_the_api_reference_is_current_and_cuts_no_sentence():
+    """Every entry's and bullet's summary is its docstring's whole first paragraph (the page equals
+    what scripts/update_api_reference.py writes), and each ends a sentence."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_api_reference", ROOT / "scripts" / "update_api_reference.py")
+    updater = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(updater)
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    assert api == updater.refreshed(api), "docs/api.md is stale: run scripts/update_api_reference.py"
+    summaries = [m["summary"] for m in updater.ENTRY.finditer(api)] + [m["summary"] for m in updater.BULLET.finditer(api)]
+    assert len(summaries) > 40
+    cut = [summary for summary in summaries if not summary.rstrip().endswith((".", ")", "!", "?"))]
+    assert not cut, cut
+
+
 def test_the_public_face_is_small_and_the_moved_names_still_work_with_a_warning():
     import tl_geometry as tlg
 
@@ -85,3 +101,12 @@ def test_every_cited_definition_anchor_exists():
     assert not missing, missing
     assert {"objects", "selection", "separability", "random-baseline", "queries", "sink", "regime", "taxonomy",
             "interventions", "windows", "claims"} <= anchors["metrics.md"]
+
+
+def test_the_docs_count_the_demo_notebooks_there_are():
+    notebooks = sorted((ROOT / "demos").glob("*.ipynb"))
+    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert f"{words[len(notebooks)]} notebooks" in index
+    listing = (ROOT / "demos" / "README.md").read_text(encoding="utf-8")
+    assert all(f"`{path.name}`" in listing for path in notebooks)

@@ -15,10 +15,14 @@ from .commands import analyze_command, analyze_interrupted, compare_command, rep
 from .derived_jobs import prune_command, stream_command
 from .options import PROTOCOLS, HelpFormatter, model_flags, threads_flag, torch_threads
 
+# What --help opens with, in plain words (the module docstring is for readers of the code).
+DESCRIPTION = ("Which attention heads of a TransformerLens model do what: each head labelled retriever (the current "
+               "token wins), mixer (the sink wins) or reset (another token wins), with the geometry of its top-N "
+               "tokens, the attention sink and certified bounds. Start with: tl-geometry analyze")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.splitlines()[0],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(prog="tl-geometry", description=DESCRIPTION, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = HelpFormatter
     analyze = sub.add_parser("analyze", help="analyse a model's attention geometry over a corpus", formatter_class=fmt,

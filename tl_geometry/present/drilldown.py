@@ -32,8 +32,12 @@ def _off_scale(xy: torch.Tensor) -> int | None:
 
 
 def head_drilldown(model: Any, text: str, *head: Any, n: int = 4, query: int | None = None) -> go.Figure:
-    """One head on one text, at one query (default: the last token). The head as ``layer, head``
-    or in any of TransformerLens's conventions (``(3, 4)``, ``"L3H4"``, a flat index). Three panels:
+    """One head on one text, at one query (default: the last token), in three panels: the sources'
+    attention, their distances to the top-N aggregate, and their contributions in 2-D.
+
+    The head as ``layer, head`` or in any of TransformerLens's conventions (``(3, 4)``, ``"L3H4"``, a
+    flat index). The title gives P, R and F, the margin and the certified bounds in words;
+    ``layout.meta`` the head, the query, N and the query's vote (``winner``: current, sink or other).
 
     - each source's attention, the top-N selected in red, the tokens on the axis;
     - the distances ``D_j = ‖y_j − s_N‖`` sorted, selected sources marked, with ``ρ_max`` and

@@ -143,13 +143,14 @@ def _per_n_map(values: torch.Tensor, ns: tuple[int, ...], at: int, hovers: list[
 
 def head_map(res: Analysis, color: str | torch.Tensor = "regime", n: int | None = None,
              delta_nll: torch.Tensor | None = None, *, title: str | None = None) -> go.Figure:
-    """Layers × heads heatmap coloured by regime (categorical, with a legend) or by a per-head
-    metric (continuous scale; signed values diverge around 0).
+    """Layers × heads heatmap coloured by regime (categorical, each label with its meaning in the
+    legend and the hover) or by a per-head metric (continuous scale; signed values diverge around 0).
 
     ``color``: ``"regime"``, any geometry metric (``"gap"``, ``"f_top"``, ``"norm_ratio"``, …),
     ``"delta_nll"`` with ``delta_nll`` given, a head type (``"previous_token"``,
     ``"duplicate_token"``, ``"induction"``) with head types attached, or your own ``[n_layers, n_heads]`` tensor (e.g. a
-    TransformerLens head-detector score) shown under ``title``. A metric with an N axis gets one
+    TransformerLens head-detector score; flat, or one value per kv head under GQA:
+    :meth:`~tl_geometry.Analysis.per_head`) shown under ``title``. A metric with an N axis gets one
     button per N, the figure opening at ``n``. Every cell carries its head name ``L{l}H{h}`` as
     ``customdata`` so a ``plotly_click`` handler can open its drill-down (the HTML report does).
     """
