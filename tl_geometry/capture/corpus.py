@@ -74,8 +74,8 @@ def _lee_news() -> Corpus:
         dist = importlib.metadata.distribution("gensim")
     except importlib.metadata.PackageNotFoundError:
         raise TLGeometryError(
-            "corpus 'lee-news' is read from the gensim wheel: pip install --no-deps gensim==4.4.0 "
-            "(make analyze / make test install it), or use 'python-reference'."
+            "corpus 'lee-news' is read from the gensim wheel, which is not installed: pip install --no-deps "
+            "gensim==4.4.0, or use the corpus 'python-reference'"
         ) from None
     path = Path(dist.locate_file("gensim/test/test_data/lee_background.cor"))
     if not path.is_file():
