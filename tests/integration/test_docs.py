@@ -110,3 +110,17 @@ def test_the_docs_count_the_demo_notebooks_there_are():
     assert f"{words[len(notebooks)]} notebooks" in index
     listing = (ROOT / "demos" / "README.md").read_text(encoding="utf-8")
     assert all(f"`{path.name}`" in listing for path in notebooks)
+
+
+def test_the_readme_opens_with_the_answer_in_a_few_plain_lines():
+    """At most 12 lines of text before the picture of the report's first screen, the labels'
+    meanings among them; the picture exists and the terminal output follows it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    opening, _, rest = readme.partition("![")
+    lines = [line for line in opening.splitlines()[1:] if line.strip()]
+    assert len(lines) <= 12, lines
+    assert all(f"**{regime}**: {meaning}" in opening for regime, meaning in
+               (("retriever", "the current token wins"), ("mixer", "the sink (BOS) wins"), ("reset", "another token wins")))
+    picture = re.match(r"[^\]]*\]\(([^)]+)\)", rest)[1]
+    assert (ROOT / picture).is_file() and picture.endswith(".png")
+    assert rest.index("```text") < rest.index("## Two commands")

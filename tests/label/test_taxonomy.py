@@ -110,7 +110,7 @@ def test_labels_are_said_with_their_meaning_and_the_surest_heads_come_first():
     settings = {"n_windows": 8, "seq_len": 256, "corpus": "python-reference", "queries": "last"}
     tax = HeadTaxonomy.from_votes(votes, settings=settings)
     assert regime_gloss("mixer") == "mixer: the sink wins"
-    assert regime_gloss("reset", familiar=True) == "reset: another token wins (previous-token, induction and name-mover heads)"
+    assert regime_gloss("reset", familiar=True) == "reset: another token wins (previous-token heads)"
     assert regime_gloss("retriever", familiar=True) == "retriever: the current token wins"  # no familiar type
     assert tax.describe_head(0, 2) == "L0H2, a mixer: the sink wins 90% of its 100 queries"
     assert tax.describe_head(0, 0) == "L0H0, a retriever: the current token wins 100% of its 300 queries"

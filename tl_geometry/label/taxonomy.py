@@ -34,9 +34,10 @@ REGIMES = ("retriever", "mixer", "reset")  # the label of a plurality of VOTES[i
 # What each label means, said beside it wherever a label is shown: the source whose contribution
 # α·‖v‖ is the query's largest ("wins") is the current token, the sink, or another token.
 REGIME_MEANING = {"retriever": "the current token wins", "mixer": "the sink wins", "reset": "another token wins"}
-# The TransformerLens head types a label usually holds (docs/metrics.md, "Familiar head types"):
-# a "retriever" is not a retrieval head, and a head resting on BOS is a mixer, not a reset.
-REGIME_FAMILIAR = {"mixer": "heads resting on BOS", "reset": "previous-token, induction and name-mover heads"}
+# The TransformerLens head types a label usually holds, as measured (docs/metrics.md, "Familiar
+# head types"): a "retriever" is not a retrieval head, and a head resting on BOS is a mixer.
+REGIME_FAMILIAR = {"mixer": "heads resting on BOS; induction heads, between their triggers",
+                   "reset": "previous-token heads"}
 
 
 def regime_gloss(regime: str, *, familiar: bool = False) -> str:
@@ -89,7 +90,7 @@ class HeadTaxonomy:
     def basis(self) -> str:
         """What the labels rest on, in words: ``"8 windows × 256 tokens of python-reference, last
         queries"`` (the parts the settings record). Labels move with the text: compare a task's
-        labels with a corpus run's before joining them (docs/usage.md, "Which labels to join")."""
+        labels with a corpus run's before joining them (docs/metrics.md#which-labels)."""
         settings = self.settings
         windows, length = settings.get("n_windows"), settings.get("seq_len")
         text = f"{windows} windows × {length} tokens" if windows and length else "the analysed windows"

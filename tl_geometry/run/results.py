@@ -92,7 +92,7 @@ class Analysis:
             for layer, head in chosen:
                 row = {"regime": regime_gloss(regime), "head": head_name(layer, head),
                        "share": f"{float(tax.shares[layer, head, i]):.0%}",
-                       "95% interval": f"{float(low[layer, head]):.0%}–{float(high[layer, head]):.0%}",
+                       "95% interval": f"{float(low[layer, head]):.1%}–{float(high[layer, head]):.1%}",
                        "queries": f"{int(tax.n_votes[layer, head]):,}"}
                 if types is not None:
                     kind = types[layer, head]
