@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup analyze test lint bench legacy-test tl2-test
+.PHONY: setup analyze test lint bench legacy-test tl2-test kvpress-test
 
 setup:
 	@bash scripts/setup.sh
@@ -11,11 +11,11 @@ analyze: setup
 	$(VENV)/bin/tl-geometry analyze $(ARGS)
 
 test: setup
-	$(PY) -m ruff check tl_geometry tests benchmarks demos
+	$(PY) -m ruff check tl_geometry tests benchmarks demos integrations scripts
 	$(PY) -m pytest tests --doctest-modules tl_geometry $(PYTEST_ARGS)
 
 lint: setup
-	$(PY) -m ruff check tl_geometry tests benchmarks demos
+	$(PY) -m ruff check tl_geometry tests benchmarks demos integrations scripts
 
 bench: setup
 	$(PY) -m benchmarks.bench_analysis
@@ -38,3 +38,11 @@ tl2-test:
 	.venv-tl2/bin/python -m pytest tests -m "not slow" $(PYTEST_ARGS)
 	.venv-tl2/bin/python -m pytest tests -m slow -k "$(TL2_REAL)" $(PYTEST_ARGS)
 
+
+# kvpress reads the DuoAttention pattern tl_geometry exports, in a venv of its own (kvpress pins
+# transformers < 5.3 and pandas < 3): the pattern of a real streaming curve is exported here, and
+# kvpress must stream exactly its kv heads there.
+kvpress-test: setup
+	@bash scripts/setup_kvpress.sh
+	$(PY) -m integrations.kvpress_duo.export_fixture .kvpress-fixture
+	TLG_KVPRESS_FIXTURE=.kvpress-fixture .venv-kvpress/bin/python -m pytest -p no:cacheprovider --noconftest integrations/kvpress_duo $(PYTEST_ARGS)
