@@ -514,6 +514,17 @@ def test_stream_fills_the_run_and_its_report(capsys, smollm2, tmp_path):
     assert at_one.nunique() == 1  # every order streams every kv head at fraction 1
     assert not (out / "stream_checkpoint.json").exists()
     assert "Streaming kv heads" in (out / "report.html").read_text()
+    # the best measured order (the oracle's area is 0) as a DuoAttention pattern of this analysis
+    from tl_geometry import Analysis
+    from tl_geometry.intervene.duo_attention import DuoAttentionPattern
+
+    pattern = DuoAttentionPattern.load(out / "duo_attention")
+    assert (pattern.order, pattern.sink_size, pattern.recent_size) == ("oracle", 2, 8)
+    assert pattern.settings["run_id"] == Analysis.load(out).geometry.settings["run_id"] and pattern.scores.shape == (30, 3)
+    assert "Streaming heads exported for kvpress" in (out / "report.html").read_text()
+    (out / "duo_attention" / "full_attention_heads.tsv").write_text("0.5\t2.0\n")  # damaged: one line, exit 2
+    assert main(["report", str(out)]) == 2
+    assert "full_attention_heads.tsv must hold one row per layer" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import TLGeometryError
@@ -141,6 +141,7 @@ def prune_command(args: argparse.Namespace) -> None:
 
 
 def stream_command(args: argparse.Namespace) -> None:
+    from ..intervene.duo_attention import DUO_ATTENTION_FOLDER, duo_attention_pattern
     from ..intervene.streaming import check_streaming_arguments, stream_checkpoint, streaming_curve
 
     if args.seq_len is None:
@@ -162,5 +163,10 @@ def stream_command(args: argparse.Namespace) -> None:
         path = run.write_derived("streaming.csv", curve.to_dataframe(), job.run_id)
         run.stream_checkpoint.unlink(missing_ok=True)
         job.say(f"streaming curves ({held.shape[0]} held-out windows x {held.shape[1]} tokens) in {path}")
+        if any(order != "random" for order in orders):  # a measured order: the decision kvpress applies
+            pattern = duo_attention_pattern(curve)
+            pattern = replace(pattern, settings={**pattern.settings, "run_id": job.run_id})
+            folder = pattern.save(run.path / DUO_ATTENTION_FOLDER, overwrite=True)
+            job.say(f"the {pattern.order} order as a DuoAttention pattern for kvpress in {folder}/")
         for order, area in curve.area_to_oracle().items():
             job.say(f"  {order}: area above the oracle {area:+.4f}")

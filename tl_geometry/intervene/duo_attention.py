@@ -30,9 +30,10 @@ from ..errors import TLGeometryError
 from ..io import atomic_folder
 from .streaming import StreamingCurve
 
-__all__ = ["DuoAttentionPattern", "duo_attention_pattern", "PATTERN_FILES"]
+__all__ = ["DuoAttentionPattern", "duo_attention_pattern", "PATTERN_FILES", "DUO_ATTENTION_FOLDER"]
 
 PATTERN_FILES = ("config.json", "full_attention_heads.tsv")
+DUO_ATTENTION_FOLDER = "duo_attention"  # its folder in a run folder (tl-geometry stream)
 _WRITER = "tl_geometry"  # config.json's "written_by": a folder tl-geometry may replace
 
 

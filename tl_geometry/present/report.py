@@ -29,6 +29,7 @@ import torch
 
 from ..errors import TLGeometryError
 from ..heads import layer_spans, parse_head
+from ..intervene.duo_attention import DUO_ATTENTION_FOLDER, DuoAttentionPattern
 from ..io import atomic_path
 from ..label.taxonomy import REGIME_FAMILIAR, REGIME_MEANING, REGIMES
 from ..run.compare import Comparison
@@ -127,13 +128,14 @@ def build_report(
     scan=None,
     topn: list | None = None,
     streaming=None,
+    duo_attention=None,
     drilldowns: list[go.Figure] | None = None,
 ) -> str:
     """The report as an HTML string. Its first screen answers which heads do what: the regime map,
     what each label means, the surest heads of each regime and the uncertain ones; then every
     figure, each drill-down headed by its head in words; run settings and the paper's claims last,
     folded."""
-    figures = _figures(analysis, pruning, scan, topn, streaming, drilldowns)
+    figures = _figures(analysis, pruning, scan, topn, streaming, drilldowns) + _pattern_figure(analysis, duo_attention)
     claims = pd.DataFrame(claims_table(analysis, pruning=pruning, scan=scan))
     claims["holds"] = claims["holds"].map({True: "yes", False: "no", None: "—"})
     settings = dict(analysis.geometry.settings)
@@ -239,6 +241,17 @@ def _figures(analysis: Analysis, pruning, scan, topn, streaming, drilldowns) -> 
     return figures + _drilldown_figures(analysis, drilldowns or [])
 
 
+def _pattern_figure(analysis: Analysis, pattern) -> list[tuple[str, str, go.Figure, bool]]:
+    """The exported DuoAttention pattern as a head map (each query head shows its kv head's score)."""
+    if pattern is None:
+        return []
+    caption = (f"{DUO_ATTENTION_FOLDER}/ holds the {pattern.order} order in DuoAttention's layout (sink {pattern.sink_size}, "
+               f"recent window {pattern.recent_size}): kvpress's DuoAttentionPress with head_compression_ratio r streams the "
+               "kv heads scored lowest, the ones this run streamed at fraction r.")
+    fig = plots.head_map(analysis, pattern.scores, title=f"DuoAttention score ({pattern.order} order; low: streamed first)")
+    return [("Streaming heads exported for kvpress", caption, fig, True)]
+
+
 def build_comparison(comparison: Comparison, *, title: str | None = None) -> str:
     """The comparison of two analyses as an HTML page: what was compared, agreement and κ, the
     transition matrix, the regime shares, the heads that changed most, and every figure."""
@@ -296,6 +309,13 @@ def derived_results(run: RunFolder, analysis: Analysis) -> tuple[dict[str, Any],
                           for renorm, part in tables["topn.csv"].groupby("renormalise")]
     if "streaming.csv" in tables:
         extras["streaming"] = StreamingCurve.from_dataframe(tables["streaming.csv"])
+    pattern_folder = run.path / DUO_ATTENTION_FOLDER
+    if pattern_folder.is_dir():  # damaged: one line (DuoAttentionPattern.load); another analysis's: left out
+        pattern = DuoAttentionPattern.load(pattern_folder)
+        if pattern.settings.get("run_id") == analysis.geometry.settings.get("run_id"):
+            extras["duo_attention"] = pattern
+        else:
+            left_out[f"{DUO_ATTENTION_FOLDER}/"] = "computed from another analysis: rerun tl-geometry stream"
     return extras, left_out
 
 
