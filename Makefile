@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup analyze test lint bench legacy-test tl2-test kvpress-test
+.PHONY: setup analyze test lint bench legacy-test tl2-test kvpress-test bench-kvpress
 
 setup:
 	@bash scripts/setup.sh
@@ -46,3 +46,10 @@ kvpress-test: setup
 	@bash scripts/setup_kvpress.sh
 	$(PY) -m integrations.kvpress_duo.export_fixture .kvpress-fixture
 	TLG_KVPRESS_FIXTURE=.kvpress-fixture .venv-kvpress/bin/python -m pytest -p no:cacheprovider --noconftest integrations/kvpress_duo $(PYTEST_ARGS)
+
+# kvpress's presses against the plugin's DuoAttention pattern on the bundled SmolLM2 (about 12 min
+# on 2 cores): docs/results/kvpress.md.
+bench-kvpress: setup
+	@bash scripts/setup_kvpress.sh
+	$(PY) -m benchmarks.kvpress_inputs .kvpress-bench
+	.venv-kvpress/bin/python -m benchmarks.bench_kvpress .kvpress-bench

