@@ -97,9 +97,12 @@ def needle(model, press, context: torch.Tensor, needle_ids: list[int], question:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
+    parser.add_argument("--windows", type=int, default=None, help="the first N windows only")
+    parser.add_argument("--presses", default=None, help="names to keep, separated by ';' (default: all)")
     args = parser.parse_args()
     inputs = json.loads((args.folder / "inputs.json").read_text())
-    tokens = torch.tensor(inputs["tokens"])
+    tokens = torch.tensor(inputs["tokens"])[: args.windows]
+    keep = None if args.presses is None else set(args.presses.split(";"))
     context, cont = inputs["context"], inputs["continuation"]
     torch.manual_seed(0)
     model = load_model(Path(inputs["gguf"]))
@@ -107,6 +110,7 @@ def main() -> None:
     started = time.perf_counter()
     for ratio in (0.0, *RATIOS):
         chosen = {"no press": None} if ratio == 0 else presses(args.folder, ratio, inputs["orders"], context)
+        chosen = {name: press for name, press in chosen.items() if keep is None or ratio == 0 or name in keep}
         for name, press in chosen.items():
             results = [(*run_one(model, press, window[:context], window[context:]),
                         needle(model, press, window[:context - len(inputs["needle"])], inputs["needle"], inputs["question"]))
