@@ -205,7 +205,7 @@ def test_sliding_window_layers_are_measured_over_the_sources_their_queries_see(s
         assert bool((random_n1 == 1).all())
         # voting rows t ≥ 4 (11 and 8 real tokens: 7 + 4 rows) see no sink in a windowed layer
         assert res.taxonomy.sinkless[layer].tolist() == [11 if layer in windows else 0] * 4
-    table = res.heads_table()
+    table = res.heads_table(all_columns=True)  # share_sinkless: every column
     sinkless = table.set_index("name")["share_sinkless"]  # the label's basis: 11 of each windowed head's 17 votes
     assert sinkless["L2H0"] == 11 / 17 and sinkless["L1H0"] == (11 / 17 if 1 in windows else 0)
     assert table.attrs["bos"] == "every window starts with BOS" and table.attrs["windows_without_bos"] == []
