@@ -13,7 +13,7 @@ head types") says how they relate to the regimes.
 from a cache, attach them with :meth:`~tl_geometry.run.results.Analysis.with_head_types`:
 
     >>> res = tlg.analyze(cache, tokens).with_head_types(tlg.head_types(model))  # doctest: +SKIP
-    >>> res.heads_table()[["name", "regime", "dominant_offset", "induction"]]      # doctest: +SKIP
+    >>> res.heads_table(all_columns=True)[["name", "regime", "dominant_offset", "induction"]]      # doctest: +SKIP
 
 ``detect_head`` takes a string and tokenises it again; random token ids decoded to text rarely
 tokenise back to themselves (101 ids become 109 on SmolLM2), so compare on one text's tokens:
